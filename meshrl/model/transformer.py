@@ -1,0 +1,205 @@
+"""Decoder-only transformer of the LLaMA / Qwen2 / Mistral family, numerically matching HF.
+
+Module and parameter names follow Hugging Face (``model.layers.i.self_attn.q_proj``) so that
+checkpoints load without renaming, and so that torch's tensor-parallel styles apply to the plain
+``nn.Linear`` projections: attention reshapes with ``view(b, s, -1, head_dim)``, so the same code
+runs with the full set of heads or with a tensor-parallel shard of them.
+
+Variable-length batches use *padding with masks*: ``attention_mask [B, S]`` (1 = real token, 0 =
+pad) may pad on either side; positions are counted over real tokens only (as HF's ``generate``
+does), so a left-padded prompt gets the same positions as the unpadded one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """HF's LlamaRMSNorm: normalise in float32, cast back, then scale."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, S] (int) -> cos, sin [B, S, head_dim], computed in float32 as HF does."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
+                                .float() / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # [B, S, head_dim/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, S, D]; cos/sin [B, S, D]."""
+    cos, sin = cos[:, None], sin[:, None]
+    return x * cos + _rotate_half(x) * sin
+
+
+class KVCache:
+    """Static per-layer key/value buffers, gpt-fast style: k, v [B, kv_heads, max_len, head_dim].
+
+    ``kv_heads`` is whatever the attention module holds locally (all, or a tensor-parallel shard)."""
+
+    def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.k = torch.zeros(batch, kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def update(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, kvh, s, D] at slots start..start+s; return the filled prefix."""
+        end = start + k.shape[2]
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h, bias = cfg.hidden_size, cfg.attention_bias
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(h, cfg.q_size, bias=bias)
+        self.k_proj = nn.Linear(h, cfg.kv_size, bias=bias)
+        self.v_proj = nn.Linear(h, cfg.kv_size, bias=bias)
+        self.o_proj = nn.Linear(cfg.q_size, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache | None = None, start: int = 0) -> torch.Tensor:
+        """x [B, S, hidden]; mask [B, 1, S, T] boolean (True = attend), T = start + S."""
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, Hq, S, D]
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(start, k, v)
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:  # grouped-query attention: each KV head serves `groups` query heads
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(h, f, bias=False)
+        self.up_proj = nn.Linear(h, f, bias=False)
+        self.down_proj = nn.Linear(f, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None = None, start: int = 0) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def build_mask(key_mask: torch.Tensor, q_len: int, sliding_window: int | None = None) -> torch.Tensor:
+    """key_mask [B, T] (1 = real token) -> boolean [B, 1, q_len, T] for the last q_len queries.
+
+    Causal plus key padding. Every query may also attend to itself, so that rows of pad queries
+    are never fully masked (which would give NaN); pad outputs are ignored downstream."""
+    t = key_mask.shape[1]
+    q_pos = torch.arange(t - q_len, t, device=key_mask.device)[:, None]  # [S, 1]
+    k_pos = torch.arange(t, device=key_mask.device)[None, :]  # [1, T]
+    allowed = k_pos <= q_pos
+    if sliding_window is not None:
+        allowed = allowed & (q_pos - k_pos < sliding_window)
+    allowed = allowed[None] & key_mask.bool()[:, None, :]  # [B, S, T]
+    allowed = allowed | (k_pos == q_pos)[None]
+    return allowed[:, None]
+
+
+def positions_from_mask(key_mask: torch.Tensor) -> torch.Tensor:
+    """key_mask [B, T] -> positions [B, T]: index among real tokens (pads get 0 or their run value)."""
+    return (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class Backbone(nn.Module):
+    """HF's ``model.`` submodule: embeddings, decoder layers, final norm.
+
+    ``embed_tokens`` or ``norm`` may be None for a pipeline stage that does not own them; then
+    the input (or output) is the hidden state [B, S, hidden]."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm: RMSNorm | None = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                caches: list[KVCache] | None = None, start: int = 0) -> torch.Tensor:
+        """x: input_ids [B, S] or hidden [B, S, hidden]. attention_mask [B, start+S] covers the
+        cached prefix too. Returns hidden [B, S, hidden]."""
+        h = self.embed_tokens(x) if self.embed_tokens is not None else x
+        b, s = h.shape[:2]
+        if attention_mask is None:
+            attention_mask = torch.ones(b, start + s, dtype=torch.long, device=h.device)
+        pos = positions_from_mask(attention_mask)[:, start:start + s]
+        cos, sin = rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
+        mask = build_mask(attention_mask, s, self.cfg.sliding_window)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, mask, None if caches is None else caches[i], start)
+        return self.norm(h) if self.norm is not None else h
+
+
+class CausalLM(nn.Module):
+    """Backbone + LM head. ``model(input_ids [B, S])`` -> logits [B, S, vocab] (float of the weights)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                caches: list[KVCache] | None = None, start: int = 0) -> torch.Tensor:
+        return self.lm_head(self.model(input_ids, attention_mask, caches, start))
+
+
+class ValueModel(nn.Module):
+    """Backbone + ``score`` head: one scalar per token, values [B, S] (critic and reward models)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.score = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.score(self.model(input_ids, attention_mask)).squeeze(-1)

@@ -1,0 +1,137 @@
+"""``CallPlan`` and ``ExecutionPlan``: where and how every call of the graph runs (plain data, JSON).
+
+Shared by the planner (which scores and searches plans) and the runtime (which runs them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from ..parallel.mesh import Layout, LayoutError, Mesh, Placement
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` x ``devices_per_node`` devices of one kind; global rank = node * devices_per_node + local."""
+
+    nodes: int = 1
+    devices_per_node: int = 1
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.devices_per_node < 1:
+            raise UserError(
+                f"cluster of {self.nodes} nodes x {self.devices_per_node} devices makes no sense: both must be >= 1"
+            )
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One call's mesh, layout and number of micro-batches (per data-parallel rank)."""
+
+    mesh: Mesh
+    layout: Layout
+    micro_batches: int = 1
+
+    def __post_init__(self) -> None:
+        Placement(self.mesh, self.layout)  # validates size match
+        if self.micro_batches < 1:
+            raise LayoutError(f"micro_batches must be >= 1, got {self.micro_batches}")
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.mesh, self.layout)
+
+    def to_dict(self) -> dict:
+        return {"mesh": str(self.mesh), "layout": str(self.layout), "micro_batches": self.micro_batches}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CallPlan":
+        try:
+            return cls(Mesh.parse(str(d["mesh"])), Layout.parse(str(d["layout"])), int(d.get("micro_batches", 1)))
+        except KeyError as e:
+            raise UserError(f"call plan {d} lacks key {e.args[0]!r}") from None
+
+
+@dataclass
+class ExecutionPlan:
+    """{call name -> CallPlan} for a cluster. ``strategy`` records where the plan came from;
+    ``async_gen`` is the disaggregated strategy's one-step off-policy overlap (0 or 1)."""
+
+    cluster: Cluster
+    calls: dict[str, CallPlan]
+    strategy: str = "custom"
+    async_gen: int = 0
+    notes: dict = field(default_factory=dict)
+
+    def validate(self, call_names: list[str] | None = None, model_dims: dict[str, tuple[int, int]] | None = None,
+                 call_roles: dict[str, str] | None = None) -> None:
+        """Raise UserError naming the culprit: meshes outside the cluster, missing or unknown calls,
+        layouts a model cannot take. ``model_dims``: role -> (num_heads, num_layers)."""
+        for name, cp in self.calls.items():
+            try:
+                cp.mesh.check_world(self.cluster.size)
+            except LayoutError as e:
+                raise UserError(f"call {name}: {e}") from None
+        if call_names is not None:
+            missing = [n for n in call_names if n not in self.calls]
+            extra = [n for n in self.calls if n not in call_names]
+            if missing:
+                raise UserError(f"plan has no entry for calls {missing}")
+            if extra:
+                raise UserError(f"plan names calls {extra} that the algorithm does not have")
+        if model_dims and call_roles:
+            for name, cp in self.calls.items():
+                heads, layers = model_dims[call_roles[name]]
+                try:
+                    cp.layout.check_model(heads, layers)
+                except LayoutError as e:
+                    raise UserError(f"call {name}: {e}") from None
+
+    def to_dict(self) -> dict:
+        return {
+            "cluster": {"nodes": self.cluster.nodes, "devices_per_node": self.cluster.devices_per_node,
+                        "device": self.cluster.device},
+            "strategy": self.strategy,
+            "async": self.async_gen,
+            "calls": {n: cp.to_dict() for n, cp in self.calls.items()},
+            **({"notes": self.notes} if self.notes else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ExecutionPlan":
+        if not isinstance(d, dict) or "calls" not in d or "cluster" not in d:
+            raise UserError("an execution plan needs the keys 'cluster' and 'calls'")
+        try:
+            cluster = Cluster(**d["cluster"])
+        except TypeError as e:
+            raise UserError(f"plan cluster {d['cluster']}: {e}") from None
+        calls = {n: CallPlan.from_dict(c) for n, c in d["calls"].items()}
+        return cls(cluster, calls, d.get("strategy", "custom"), int(d.get("async", 0)), d.get("notes", {}))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ExecutionPlan":
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ExecutionPlan":
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"plan file not found: {path}")
+        try:
+            return cls.from_json(p.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"plan file {path} is not valid JSON: {e}") from None
