@@ -1,0 +1,157 @@
+"""Start local ranks as processes with a real process group, and run functions on all of them.
+
+``RankPool`` starts N processes once (gloo on CPU, NCCL on GPUs), each with an initialised default
+process group, and then runs any number of functions on all ranks: a test module starts one pool
+and shares it across its tests, so the suite pays the start-up cost once. Every wait has a
+deadline: a rank that raises, dies or hangs ends the whole pool with an error naming the rank,
+and no process is left behind.
+
+Functions sent to the pool must be importable (module level) so that they pickle by reference.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import UserError
+
+
+class RankError(RuntimeError):
+    """A rank raised, died or timed out; the message names the rank and what it was doing."""
+
+
+@dataclass
+class _Task:
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+
+
+def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: float,
+            tasks: "mp.Queue", results: "mp.Queue", env: dict[str, str]) -> None:
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    try:
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=coll_timeout))
+    except Exception:  # noqa: BLE001 - reported to the parent, which names the rank
+        results.put((rank, "error", traceback.format_exc()))
+        return
+    results.put((rank, "ready", None))
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        try:
+            out = task.fn(*task.args, **task.kwargs)
+            results.put((rank, "ok", out))
+        except Exception:  # noqa: BLE001
+            results.put((rank, "error", traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class RankPool:
+    """N local ranks with a default process group. Use as a context manager or call close()."""
+
+    def __init__(self, nprocs: int, backend: str | None = None, timeout: float = 120.0,
+                 start_timeout: float = 120.0, env: dict[str, str] | None = None) -> None:
+        if nprocs < 1:
+            raise UserError(f"nprocs must be >= 1, got {nprocs}")
+        import torch
+
+        self.nprocs = nprocs
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.timeout = timeout
+        ctx = mp.get_context("spawn")
+        self._dir = tempfile.TemporaryDirectory(prefix="meshrl-pool-")
+        init_file = os.path.join(self._dir.name, "rendezvous")
+        self._tasks = [ctx.Queue() for _ in range(nprocs)]
+        self._results: mp.Queue = ctx.Queue()
+        child_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+        self._procs = [
+            ctx.Process(target=_worker, daemon=True, name=f"meshrl-rank{r}",
+                        args=(r, nprocs, init_file, self.backend, timeout, self._tasks[r], self._results,
+                              child_env))
+            for r in range(nprocs)
+        ]
+        for p in self._procs:
+            p.start()
+        self._collect("ready", "starting the process group", start_timeout)
+
+    def _collect(self, expect: str, what: str, timeout: float) -> list[Any]:
+        out: list[Any] = [None] * self.nprocs
+        pending = set(range(self.nprocs))
+        deadline = time.monotonic() + timeout
+        while pending:
+            try:
+                rank, status, payload = self._results.get(timeout=0.2)
+            except queue.Empty:
+                dead = [r for r in pending if not self._procs[r].is_alive()]
+                if dead:
+                    self.close(force=True)
+                    codes = {r: self._procs[r].exitcode for r in dead}
+                    raise RankError(f"rank(s) {dead} died while {what} (exit codes {codes})") from None
+                if time.monotonic() > deadline:
+                    self.close(force=True)
+                    raise RankError(f"rank(s) {sorted(pending)} did not finish {what} within {timeout:.0f} s")
+                continue
+            if status == "error":
+                self.close(force=True)
+                raise RankError(f"rank {rank} failed while {what}:\n{payload}")
+            out[rank] = payload
+            pending.discard(rank)
+        return out
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """Run fn(*args, **kwargs) on every rank; return the per-rank results in rank order."""
+        if not self._procs:
+            raise RankError("the rank pool is closed")
+        for q in self._tasks:
+            q.put(_Task(fn, args, kwargs))
+        return self._collect("ok", f"running {getattr(fn, '__name__', fn)}", timeout or self.timeout)
+
+    def close(self, force: bool = False) -> None:
+        if not self._procs:
+            return
+        if not force:
+            for q in self._tasks:
+                q.put(None)
+            for p in self._procs:
+                p.join(timeout=10)
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        self._procs = []
+        self._dir.cleanup()
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(force=exc[0] is not None)
+
+    def __del__(self) -> None:
+        try:
+            self.close(force=True)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float = 120.0, **kwargs: Any) -> list[Any]:
+    """One-shot: start ``nprocs`` ranks, run fn on all, shut down. Returns per-rank results."""
+    with RankPool(nprocs, timeout=timeout) as pool:
+        return pool.run(fn, *args, **kwargs)
