@@ -40,7 +40,7 @@ class DataConfig:
     prompt_len: int = 16  # maximum prompt tokens
     gen_len: int = 16  # maximum generated tokens per response
     batch_size: int = 32  # prompts per iteration
-    samples_per_prompt: int = 1  # responses sampled per prompt (GRPO/RLOO use > 1)
+    samples_per_prompt: int = 1  # responses sampled per prompt; grpo/rloo need >= 2, and 1 means 4 there
     path: str | None = None  # JSONL dataset; None = the built-in demo task
 
 
@@ -58,12 +58,77 @@ class TrainConfig:
 
 
 @dataclass
+class OptimConfig:
+    """AdamW for every trained role (betas 0.9/0.95, as most RLHF recipes)."""
+
+    lr: float = 2e-4  # actor learning rate in the RL stage (and for dpo)
+    critic_lr: float = 1e-3  # critic (PPO) and reward model (algo=rm)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+
+
+@dataclass
+class PPOConfig:
+    """Policy-gradient settings shared by ppo, grpo, remax and rloo (sizes are printed per run)."""
+
+    epochs: int = 1  # passes over each iteration's samples
+    mini_batches: int = 2  # optimizer steps per epoch (the iteration's samples cut into this many)
+    micro_batches: int = 1  # gradient-accumulation slices of a mini-batch (never changes results)
+    clip: float = 0.2  # policy ratio clip
+    value_clip: float = 0.2  # critic value clip
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.02
+    kl_mode: str = "auto"  # reward (penalty in the reward) | loss (KL loss term) | auto: loss for grpo
+    kl_estimator: str = "auto"  # k1 | k2 | k3 | auto: k1 in the reward, k3 as a loss
+    entropy_coef: float = 0.0
+    whiten_advantages: bool = True  # PPO: whiten GAE advantages over the mini-batch
+    normalize_rewards: bool = False  # PPO/ReMax: whiten sequence scores over the iteration's batch
+    grpo_std: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO style)
+
+
+@dataclass
+class GenConfig:
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning: the whole stage for algo=sft, and the demo's warm-up before RL."""
+
+    steps: int = 300  # optimizer steps of the warm-up (algo=sft uses train.iterations)
+    lr: float = 2e-3
+    batch_size: int = 64  # sequences per step
+    warmup: bool = True  # RL from a preset actor starts with an SFT stage on the task's SFT data
+
+
+@dataclass
+class DPOConfig:
+    beta: float = 0.1
+
+
+@dataclass
+class RewardConfig:
+    """Where rewards come from: models.reward.path (a trained reward model), else this rule."""
+
+    rule: str = "exact_match"  # a function registered with meshrl.algo.rewards.register_rule
+
+
+@dataclass
 class Config:
     algo: str = "ppo"
     models: ModelsConfig = field(default_factory=ModelsConfig)
     data: DataConfig = field(default_factory=DataConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    gen: GenConfig = field(default_factory=GenConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
     def validate(self) -> None:
         if self.algo not in ALGOS:
@@ -71,6 +136,19 @@ class Config:
         for name in ("nodes", "devices_per_node"):
             if getattr(self.cluster, name) < 1:
                 raise UserError(f"cluster.{name} must be >= 1, got {getattr(self.cluster, name)}")
+        if self.algo in ("grpo", "rloo") and self.data.samples_per_prompt == 1:
+            self.data.samples_per_prompt = 4  # a group of one has no baseline; 4 is the default
+        if self.ppo.kl_mode not in ("auto", "reward", "loss"):
+            raise UserError(f"ppo.kl_mode={self.ppo.kl_mode!r} is not one of auto, reward, loss")
+        if self.ppo.kl_estimator not in ("auto", "k1", "k2", "k3"):
+            raise UserError(f"ppo.kl_estimator={self.ppo.kl_estimator!r} is not one of auto, k1, k2, k3")
+        for key, val in (("data.batch_size", self.data.batch_size), ("data.gen_len", self.data.gen_len),
+                         ("data.prompt_len", self.data.prompt_len), ("ppo.epochs", self.ppo.epochs),
+                         ("ppo.mini_batches", self.ppo.mini_batches),
+                         ("ppo.micro_batches", self.ppo.micro_batches),
+                         ("data.samples_per_prompt", self.data.samples_per_prompt)):
+            if val < 1:
+                raise UserError(f"{key} must be >= 1, got {val}")
 
 
 def _field_types(cls) -> dict[str, object]:

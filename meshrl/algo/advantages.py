@@ -1,0 +1,102 @@
+"""Rewards to advantages, as pure tensor functions over the response tokens.
+
+Shapes: B sequences, N response tokens; ``mask`` [B, N] is 1 on real response tokens and 0 on
+padding after the end (prompt tokens are never in these tensors, see batch.py). Sequence-level
+scores are [B]. For the group methods (GRPO, RLOO) rows are prompt-major: the n samples of
+prompt i are rows i*n .. i*n + n - 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over positions where mask is 1 (a 0-dim tensor)."""
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+                  ) -> torch.Tensor:
+    """(x - mean) / std over the masked positions (unbiased variance); padding stays 0."""
+    mean = masked_mean(x, mask)
+    n = mask.sum().clamp(min=2)
+    var = ((x - mean).pow(2) * mask).sum() / (n - 1)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * mask
+
+
+def normalize_scores(scores: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Reward normalisation over the batch: scores [B] -> (scores - mean) / std."""
+    return (scores - scores.mean()) / (scores.std(unbiased=True) + eps) if scores.numel() > 1 \
+        else scores - scores.mean()
+
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """mask [B, N] (right-padded) -> long [B]: index of the last real token (0 for an empty row)."""
+    return (mask.long().sum(-1) - 1).clamp(min=0)
+
+
+def token_rewards(scores: torch.Tensor, kl: torch.Tensor | None, mask: torch.Tensor, kl_coef: float
+                  ) -> torch.Tensor:
+    """InstructGPT's per-token reward [B, N]: -kl_coef * kl_t on every response token, plus the
+    sequence score on the last real token. ``kl`` None means no KL in the reward."""
+    r = torch.zeros(mask.shape, dtype=torch.float32)
+    if kl is not None and kl_coef != 0.0:
+        r = r - kl_coef * kl.float()
+    r = r.scatter_add(1, last_token_index(mask)[:, None], scores.float()[:, None])
+    return r * mask
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016) over right-padded responses.
+
+    rewards, values, mask [B, N]. The value after the last real token is 0 (the episode ends):
+        delta_t = r_t + gamma * V_{t+1} * m_{t+1} - V_t
+        A_t     = delta_t + gamma * lam * m_{t+1} * A_{t+1}
+    Returns (advantages, returns = advantages + values), both [B, N] and 0 on padding."""
+    b, n = rewards.shape
+    mask = mask.float()
+    adv = torch.zeros(b, n, dtype=torch.float32)
+    next_adv = torch.zeros(b, dtype=torch.float32)
+    next_value = torch.zeros(b, dtype=torch.float32)
+    next_mask = torch.zeros(b, dtype=torch.float32)
+    for t in reversed(range(n)):
+        delta = rewards[:, t] + gamma * next_value * next_mask - values[:, t]
+        a = delta + gamma * lam * next_mask * next_adv
+        adv[:, t] = a * mask[:, t]
+        next_adv, next_value, next_mask = a, values[:, t].float(), mask[:, t]
+    return adv, (adv + values.float()) * mask
+
+
+def group_advantages(scores: torch.Tensor, n: int, std_normalize: bool = True, eps: float = 1e-6
+                     ) -> torch.Tensor:
+    """GRPO (Shao et al. 2024, outcome supervision): scores [B] with B = prompts * n ->
+    (s - mean_group) / (std_group + eps), unbiased std as in the reference implementations."""
+    g = scores.float().view(-1, n)
+    centred = g - g.mean(-1, keepdim=True)
+    if std_normalize:
+        centred = centred / (g.std(-1, unbiased=True, keepdim=True) + eps)
+    return centred.view(-1)
+
+
+def rloo_advantages(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): each sample's baseline is the mean of the other n - 1 samples
+    of its prompt: A_i = s_i - (sum_j s_j - s_i) / (n - 1). scores [B] -> [B]."""
+    g = scores.float().view(-1, n)
+    others = (g.sum(-1, keepdim=True) - g) / (n - 1)
+    return (g - others).view(-1)
+
+
+def remax_advantages(scores: torch.Tensor, greedy_scores: torch.Tensor) -> torch.Tensor:
+    """ReMax (Li et al. 2023): the baseline is the reward of the greedy response to the same
+    prompt. scores [B] (sampled), greedy_scores [B] (row i = greedy response of row i's prompt)."""
+    return scores.float() - greedy_scores.float()
+
+
+def broadcast_to_tokens(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A sequence-level advantage [B] on every real response token -> [B, N]."""
+    return seq_adv.float()[:, None] * mask.float()
