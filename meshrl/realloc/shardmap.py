@@ -138,7 +138,7 @@ def slice_numel(s: Slice) -> int:
 def intersect(a: Slice, b: Slice) -> Slice | None:
     """The overlap of two slices of the same tensor, or None."""
     out = []
-    for (a0, a1), (b0, b1) in zip(a, b):
+    for (a0, a1), (b0, b1) in zip(a, b, strict=True):
         lo, hi = max(a0, b0), min(a1, b1)
         if lo >= hi:
             return None

@@ -101,12 +101,14 @@ class RankPool:
             except queue.Empty:
                 dead = [r for r in pending if not self._procs[r].is_alive()]
                 if dead:
-                    self.close(force=True)
                     codes = {r: self._procs[r].exitcode for r in dead}
+                    self.close(force=True)
                     raise RankError(f"rank(s) {dead} died while {what} (exit codes {codes})") from None
                 if time.monotonic() > deadline:
                     self.close(force=True)
-                    raise RankError(f"rank(s) {sorted(pending)} did not finish {what} within {timeout:.0f} s")
+                    raise RankError(
+                        f"rank(s) {sorted(pending)} did not finish {what} within {timeout:.0f} s"
+                    ) from None
                 continue
             if status == "error":
                 self.close(force=True)
