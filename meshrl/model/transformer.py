@@ -191,6 +191,11 @@ class CausalLM(nn.Module):
                 caches: list[KVCache] | None = None, start: int = 0) -> torch.Tensor:
         return self.lm_head(self.model(input_ids, attention_mask, caches, start))
 
+    def save_pretrained(self, path: str, max_shard_bytes: int | None = None) -> None:
+        """Write an HF checkpoint directory (config.json + safetensors); see checkpoint.py."""
+        from .checkpoint import DEFAULT_MAX_SHARD_BYTES, save_pretrained
+        save_pretrained(self, path, max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
+
 
 class ValueModel(nn.Module):
     """Backbone + ``score`` head: one scalar per token, values [B, S] (critic and reward models)."""
@@ -203,3 +208,8 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.score(self.model(input_ids, attention_mask)).squeeze(-1)
+
+    def save_pretrained(self, path: str, max_shard_bytes: int | None = None) -> None:
+        """Write an HF checkpoint directory (config.json + safetensors); see checkpoint.py."""
+        from .checkpoint import DEFAULT_MAX_SHARD_BYTES, save_pretrained
+        save_pretrained(self, path, max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
