@@ -1,0 +1,143 @@
+"""Run a ReallocPlan on real ranks with torch.distributed (gloo or NCCL), in bounded buckets.
+
+Why our own: torch's DTensor redistribute moves between placements of one DeviceMesh; we move
+between any two meshes (equal, overlapping or disjoint) and TP sizes that do not divide each other.
+
+Each rank passes its source shards ``{name: tensor}`` (exactly the source ShardMap's slices) and
+gets its destination shards. Per round every link moves one bucket with batched isend/irecv (see
+schedule.py), so peak extra memory <= bucket_bytes x (send peers + receive peers). Ranks in
+neither mesh do nothing. Every wait has a deadline.
+
+The two runtime uses:
+- a temporary copy in a call's layout: ``shards = r.run(home_shards)``; drop it with ``del``;
+- refreshing a long-lived shadow copy in place: ``r.run(home_shards, out=shadow_shards)``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .plan import ReallocPlan
+from .schedule import Bucket, link_buckets, rank_rounds
+from .shardmap import Slice
+
+DEFAULT_BUCKET_BYTES = 32 << 20
+
+
+@dataclass
+class RunStats:
+    """What one rank moved: bytes sent / received over links, bytes copied locally, rounds, seconds."""
+
+    sent: int = 0
+    received: int = 0
+    copied: int = 0
+    rounds: int = 0
+    peak_buffer_bytes: int = 0
+    seconds: float = 0.0
+
+
+def _view(t: torch.Tensor, region: Slice, origin: Slice) -> torch.Tensor:
+    """The part of local shard ``t`` (holding full-tensor slice ``origin``) that is ``region``."""
+    return t[tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(region, origin, strict=True))]
+
+
+class Reallocator:
+    """A plan bound to one rank, with its bucket schedule computed once (reuse it every iteration)."""
+
+    def __init__(self, plan: ReallocPlan, rank: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 timeout: float = 300.0) -> None:
+        self.plan, self.rank, self.timeout = plan, rank, timeout
+        self.rounds = rank_rounds(link_buckets(plan, bucket_bytes), rank)
+        self.copies = [t for t in plan.copies if t.dst == rank]
+        self.src_slices = plan.src.params_of(rank) if rank in plan.src.placement.mesh else {}
+        self.dst_slices = plan.dst.params_of(rank) if rank in plan.dst.placement.mesh else {}
+
+    def _check_inputs(self, src: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        if set(src) != set(self.src_slices):
+            missing, extra = set(self.src_slices) - set(src), set(src) - set(self.src_slices)
+            raise ValueError(f"rank {self.rank}: source shards differ from the source ShardMap "
+                             f"(missing {sorted(missing)[:3]}, unexpected {sorted(extra)[:3]})")
+        for name, t in src.items():
+            want = tuple(b - a for a, b in self.src_slices[name])
+            if tuple(t.shape) != want or t.dtype != dtype:
+                raise ValueError(f"rank {self.rank}: source shard {name} is {tuple(t.shape)} {t.dtype}, "
+                                 f"the plan expects {want} {dtype}")
+        if torch.empty((), dtype=dtype).element_size() != self.plan.dtype_bytes:
+            raise ValueError(f"plan counts {self.plan.dtype_bytes} bytes per element but tensors are {dtype}")
+
+    def _alloc(self, out: dict[str, torch.Tensor] | None, dtype: torch.dtype,
+               device: torch.device) -> dict[str, torch.Tensor]:
+        if out is None:
+            return {n: torch.empty(tuple(b - a for a, b in s), dtype=dtype, device=device)
+                    for n, s in self.dst_slices.items()}
+        for n, s in self.dst_slices.items():
+            want = tuple(b - a for a, b in s)
+            if n not in out or tuple(out[n].shape) != want:
+                raise ValueError(f"rank {self.rank}: destination shard {n} must be given with shape {want}")
+        return out
+
+    def run(self, src: dict[str, torch.Tensor], out: dict[str, torch.Tensor] | None = None,
+            dtype: torch.dtype | None = None, device: torch.device | None = None,
+            ) -> tuple[dict[str, torch.Tensor], RunStats]:
+        """Move this rank's ``src`` shards; return its destination shards (``out`` if given) and stats.
+
+        ``dtype``/``device`` are needed only on a rank that holds no source shard."""
+        some = next(iter(src.values()), None)
+        dtype = dtype or (some.dtype if some is not None else None)
+        device = device or (some.device if some is not None else _default_device())
+        if dtype is None:
+            if self.dst_slices:
+                raise ValueError(f"rank {self.rank} holds no source shard: pass dtype")
+            dtype = torch.float32
+        self._check_inputs(src, dtype)
+        dst = self._alloc(out, dtype, device)
+        stats, t0 = RunStats(), time.perf_counter()
+        for t in self.copies:
+            _view(dst[t.name], t.region, self.dst_slices[t.name]).copy_(
+                _view(src[t.name], t.region, self.src_slices[t.name]))
+            stats.copied += t.nbytes
+        for sends, recvs in self.rounds:
+            self._round(sends, recvs, src, dst, dtype, device, stats)
+        stats.seconds = time.perf_counter() - t0
+        return dst, stats
+
+    def _round(self, sends: list[Bucket], recvs: list[Bucket], src: dict[str, torch.Tensor],
+               dst: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, stats: RunStats) -> None:
+        ops, inbox = [], []
+        for b in sends:
+            buf = torch.cat([_view(src[p.name], p.region, self.src_slices[p.name]).reshape(-1) for p in b.pieces])
+            ops.append(dist.P2POp(dist.isend, buf, b.dst))
+            stats.sent += b.nbytes
+        for b in recvs:
+            buf = torch.empty(b.numel, dtype=dtype, device=device)
+            ops.append(dist.P2POp(dist.irecv, buf, b.src))
+            inbox.append((b, buf))
+            stats.received += b.nbytes
+        stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, sum(b.nbytes for b in sends + recvs))
+        for work in dist.batch_isend_irecv(ops):
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+        for b, buf in inbox:
+            at = 0
+            for p in b.pieces:
+                view = _view(dst[p.name], p.region, self.dst_slices[p.name])
+                view.copy_(buf[at:at + view.numel()].view(view.shape))
+                at += view.numel()
+        stats.rounds += 1
+
+
+def _default_device() -> torch.device:
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def reallocate(plan: ReallocPlan, src: dict[str, torch.Tensor], out: dict[str, torch.Tensor] | None = None,
+               bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float = 300.0,
+               dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], RunStats]:
+    """One-shot: run ``plan`` on this rank (``dist.get_rank()``); see Reallocator.run."""
+    return Reallocator(plan, dist.get_rank(), bucket_bytes, timeout).run(src, out, dtype)
