@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -150,19 +151,23 @@ def _read_tensors(files: dict[str, Path], wanted: set[str], dtype: torch.dtype) 
 
 
 def _check_shapes(files: dict[str, Path], expected: dict[str, tuple[int, ...]]) -> None:
-    for path in sorted(set(files.values())):
-        try:
-            with safe_open(path, framework="pt") as f:
-                for name in f.keys():
-                    if name in expected:
-                        found = tuple(f.get_slice(name).get_shape())
-                        if found != expected[name]:
-                            raise UserError(f"{path}: tensor {name!r} has shape {list(found)}, but "
-                                            f"config.json implies {list(expected[name])}")
-        except UserError:
-            raise
-        except Exception as e:
-            raise UserError(f"{path}: not a readable safetensors file ({e})") from None
+    """Compare header shapes with the config, in model order, so the first culprit named is the
+    earliest tensor (the embedding when the hidden size is wrong)."""
+    handles = {}
+    with ExitStack() as stack:
+        for name, shape in expected.items():
+            path = files.get(name)
+            if path is None:
+                continue
+            try:
+                if path not in handles:
+                    handles[path] = stack.enter_context(safe_open(path, framework="pt"))
+                found = tuple(handles[path].get_slice(name).get_shape())
+            except Exception as e:
+                raise UserError(f"{path}: not a readable safetensors file ({e})") from None
+            if found != shape:
+                raise UserError(f"{path}: tensor {name!r} has shape {list(found)}, but "
+                                f"config.json implies {list(shape)}")
 
 
 def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32, value_head: bool = False,

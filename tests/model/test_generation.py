@@ -1,0 +1,135 @@
+"""Generation: log-probs equal a fresh forward, per-row seeded sampling, filters, EOS handling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from meshrl.errors import UserError
+from meshrl.model import ByteTokenizer, GenerationConfig, build_model, generate, sequence_logprobs
+from meshrl.model.generation import filter_logits
+
+TOK = ByteTokenizer()
+PROMPTS = [TOK.encode(t) for t in ("Once upon a time", "hi", "The quick brown fox jumps", "a b c")]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model("tiny", seed=7)
+
+
+def _sampling(**kw) -> GenerationConfig:
+    base = dict(max_new_tokens=24, temperature=1.0, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
+    return GenerationConfig(**{**base, **kw})
+
+
+def _rows(out, i: int) -> list[int]:
+    n = int(out.response_mask[i].sum())
+    return out.responses[i, :n].tolist()
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_logprobs_equal_fresh_forward(model, greedy):
+    cfg = _sampling(greedy=greedy, temperature=0.7, top_k=50)
+    out = generate(model, PROMPTS, cfg, seeds=[1, 2, 3, 4])
+    for i, prompt in enumerate(PROMPTS):
+        resp = _rows(out, i)
+        ids = torch.tensor([prompt + resp])
+        fresh = sequence_logprobs(model, ids, torch.ones_like(ids))[0, len(prompt) - 1:]
+        assert torch.allclose(out.response_logprobs[i, :len(resp)], fresh, atol=1e-5), i
+        assert out.response_logprobs.dtype == torch.float32
+
+
+def test_logprobs_equal_padded_batch_forward(model):
+    """The algorithms recompute log-probs on a right-padded [prompt | response] batch: same values."""
+    out = generate(model, PROMPTS, _sampling(), seeds=[5, 6, 7, 8])
+    seqs = [p + _rows(out, i) for i, p in enumerate(PROMPTS)]
+    width = max(map(len, seqs))
+    ids = torch.tensor([s + [TOK.pad_token_id] * (width - len(s)) for s in seqs])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+    with torch.no_grad():
+        lp = sequence_logprobs(model, ids, mask)
+    for i, p in enumerate(PROMPTS):
+        n = len(seqs[i]) - len(p)
+        assert torch.allclose(lp[i, len(p) - 1:len(p) - 1 + n], out.response_logprobs[i, :n], atol=1e-5)
+
+
+def test_row_sampling_independent_of_batch(model):
+    cfg = _sampling(top_p=0.9)
+    full = generate(model, PROMPTS, cfg, seeds=[11, 12, 13, 14])
+    again = generate(model, PROMPTS, cfg, seeds=[11, 12, 13, 14])
+    assert torch.equal(full.responses, again.responses)
+    for i in range(len(PROMPTS)):  # alone
+        assert _rows(generate(model, [PROMPTS[i]], cfg, seeds=[11 + i]), 0) == _rows(full, i)
+    order = [2, 0, 3, 1]  # another batch position, other neighbours
+    shuffled = generate(model, [PROMPTS[j] for j in order], cfg, seeds=[11 + j for j in order])
+    for pos, j in enumerate(order):
+        assert _rows(shuffled, pos) == _rows(full, j)
+    other_seed = generate(model, PROMPTS, cfg, seeds=[99, 12, 13, 14])
+    assert _rows(other_seed, 0) != _rows(full, 0) and _rows(other_seed, 1) == _rows(full, 1)
+
+
+def test_eos_stops_and_pads(model):
+    # Greedy: declare a row's first token to be EOS. That row stops after one token; when every
+    # row's first token is EOS (same prompt everywhere), the loop stops after one step.
+    first = generate(model, PROMPTS, _sampling(greedy=True, eos_token_id=None)).responses
+    eos = int(first[0, 0])
+    out = generate(model, PROMPTS, _sampling(greedy=True, eos_token_id=eos))
+    assert out.response_mask[0].tolist() == [1] + [0] * (out.responses.shape[1] - 1)
+    assert out.responses[0, 1:].eq(TOK.pad_token_id).all() and out.responses.shape[1] > 1
+    same = generate(model, [PROMPTS[0]] * 3, _sampling(greedy=True, eos_token_id=eos))
+    assert same.responses.tolist() == [[eos]] * 3 and same.response_mask.tolist() == [[1]] * 3
+    # Sampling with EOS: after a row's EOS, its tokens are pad, its mask and log-probs are 0.
+    out = generate(model, PROMPTS, _sampling(max_new_tokens=64, temperature=3.0), seeds=[0, 1, 2, 3])
+    for i in range(len(PROMPTS)):
+        n = int(out.response_mask[i].sum())
+        row = out.responses[i].tolist()
+        if n < out.responses.shape[1]:
+            assert row[n - 1] == TOK.eos_token_id
+            assert set(row[n:]) == {TOK.pad_token_id} and (out.response_logprobs[i, n:] == 0).all()
+        assert TOK.eos_token_id not in row[:n - 1]
+
+
+def test_budget_and_shapes(model):
+    out = generate(model, PROMPTS, _sampling(max_new_tokens=5, eos_token_id=None), seeds=[1, 2, 3, 4])
+    assert out.responses.shape == out.response_logprobs.shape == out.response_mask.shape == (4, 5)
+    assert out.responses.dtype == out.response_mask.dtype == torch.long
+    assert (out.response_mask == 1).all() and (out.response_logprobs < 0).all()
+
+
+def test_filters_keep_the_right_tokens():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [3.0, 3.0, -1.0, -2.0]])
+    top2 = filter_logits(logits, 2, 1.0)
+    assert torch.isinf(top2).tolist() == [[True, True, False, False], [False, False, True, True]]
+    p = logits.softmax(-1)  # row 0: [0.032, 0.087, 0.237, 0.644]
+    nucleus = filter_logits(logits, 0, 0.8)
+    assert torch.isfinite(nucleus[0]).tolist() == [False, False, True, True]
+    tiny_p = filter_logits(logits, 0, 0.01)  # at least one token always survives
+    assert torch.isfinite(tiny_p).sum(-1).tolist() == [1, 1]
+    assert p.sum().item() == pytest.approx(2.0)
+
+
+def test_sampling_follows_the_distribution():
+    """With top-k = 2 over a 2:1 distribution, the empirical frequency is near 2/3 (seeded)."""
+    from meshrl.model.generation import sample
+    logits = torch.log(torch.tensor([[2.0, 1.0, 1e-9, 1e-9]])).expand(4000, 4).contiguous()
+    gens = [torch.Generator().manual_seed(s) for s in range(4000)]
+    toks = sample(logits, _sampling(top_k=2), gens)
+    assert set(toks.tolist()) <= {0, 1}
+    assert abs((toks == 0).float().mean().item() - 2 / 3) < 0.03
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=0.0), "temperature"),
+    (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k"),
+])
+def test_bad_generation_config(model, bad, match):
+    with pytest.raises(UserError, match=match):
+        generate(model, PROMPTS, _sampling(**bad))
+
+
+def test_bad_prompts_and_seeds(model):
+    with pytest.raises(UserError, match="at least one token"):
+        generate(model, [[1, 2], []], _sampling())
+    with pytest.raises(UserError, match="seeds"):
+        generate(model, PROMPTS, _sampling(), seeds=[1])
