@@ -23,7 +23,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def sync(timeout: float = 300.0) -> None:
@@ -41,8 +43,9 @@ def move_and_check(cfg: ModelConfig, src: str, dst: str, value_head: bool = Fals
     is the best of ``repeat`` runs, each timed from a common barrier to a common barrier."""
     rank, tdt = dist.get_rank(), DTYPES[dtype]
     device = _device()
+    itemsize = torch.empty((), dtype=tdt).element_size()
     plan = realloc_plan(shard_map(cfg, Placement.parse(src), value_head),
-                        shard_map(cfg, Placement.parse(dst), value_head), torch.empty((), dtype=tdt).element_size())
+                        shard_map(cfg, Placement.parse(dst), value_head), itemsize)
     mover = Reallocator(plan, rank, bucket_bytes, timeout)
     shards = {n: t.to(device) for n, t in synthetic_shards(plan.src, rank, seed, tdt).items()}
     best, out, stats = float("inf"), None, None
@@ -59,7 +62,8 @@ def move_and_check(cfg: ModelConfig, src: str, dst: str, value_head: bool = Fals
             "seconds": best, "rounds": stats.rounds, "peak_buffer_bytes": stats.peak_buffer_bytes}
 
 
-def p2p_bandwidth(nbytes: int = 256 << 20, iters: int = 4, a: int = 0, b: int = 1, timeout: float = 300.0) -> float:
+def p2p_bandwidth(nbytes: int = 256 << 20, iters: int = 4, a: int = 0, b: int = 1,
+                  timeout: float = 300.0) -> float:
     """One-way send/recv bandwidth from rank ``a`` to rank ``b`` in GB/s (1e9 B/s), best of ``iters``
     messages of ``nbytes``; every rank must call it (the others just pass the barriers)."""
     rank, buf = dist.get_rank(), None

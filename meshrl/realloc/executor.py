@@ -107,10 +107,12 @@ class Reallocator:
         return dst, stats
 
     def _round(self, sends: list[Bucket], recvs: list[Bucket], src: dict[str, torch.Tensor],
-               dst: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, stats: RunStats) -> None:
+               dst: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
+               stats: RunStats) -> None:
         ops, inbox = [], []
         for b in sends:
-            buf = torch.cat([_view(src[p.name], p.region, self.src_slices[p.name]).reshape(-1) for p in b.pieces])
+            buf = torch.cat([_view(src[p.name], p.region, self.src_slices[p.name]).reshape(-1)
+                             for p in b.pieces])
             ops.append(dist.P2POp(dist.isend, buf, b.dst))
             stats.sent += b.nbytes
         for b in recvs:

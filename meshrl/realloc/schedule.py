@@ -67,7 +67,10 @@ def link_buckets(plan: ReallocPlan, bucket_bytes: int) -> dict[tuple[int, int], 
     return out
 
 
-def rank_rounds(links: dict[tuple[int, int], list[Bucket]], rank: int) -> list[tuple[list[Bucket], list[Bucket]]]:
+Round = tuple[list[Bucket], list[Bucket]]
+
+
+def rank_rounds(links: dict[tuple[int, int], list[Bucket]], rank: int) -> list[Round]:
     """Per round, the buckets ``rank`` sends and receives (peers in ascending order)."""
     sends = sorted((k, v) for k, v in links.items() if k[0] == rank)
     recvs = sorted((k, v) for k, v in links.items() if k[1] == rank)
