@@ -1,0 +1,261 @@
+"""Predicted time and peak memory of one call under (mesh, layout, micro-batches) (pure Python).
+
+The model, per call kind (``docs/planner.md`` derives each term):
+
+- forward / prefill / train: compute-bound, FLOPs = 2 x matmul params x tokens + causal attention
+  (4 q_size per query-key pair per layer); backward = 2 x forward. A pipeline of ``pp`` stages
+  and ``m`` micro-batches takes ``(m + pp - 1)`` stage steps (GPipe / 1F1B bubble).
+- decoding: each step reads the stage's weights and the KV cache from memory, so a step costs
+  ``max(bytes / HBM bandwidth, FLOPs / FLOP/s)``; with pp > 1 the m micro-batches are in flight
+  together, a step costs ``max(m, pp)`` stage steps; with pp = 1 they are generated one after
+  another (m times less KV cache, m times the weight reads).
+- TP: 2 all-reduces of the activations per layer forward, 2 more backward (Megatron-LM);
+  generation all-gathers the vocabulary-parallel logits each step. PP: one activation send per
+  stage boundary per micro-batch. DP: one gradient all-reduce per optimizer step (reduce-scatter +
+  all-gather under ZeRO-1: the same bytes). Optimizer: AdamW reads and writes 28 B per parameter.
+- memory per device: bf16 weights of the largest stage / tp; a trained role adds bf16 gradients
+  and 12 B/param of fp32 Adam state sharded over dp (ZeRO-1; Rajbhandari et al. 2020); plus
+  activations (Korthikanti et al. 2022) and the KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..model.config import ModelConfig
+from ..parallel.mesh import Layout, Mesh
+from .hardware import Hardware
+from .model_costs import BF16, ModelCosts, model_costs
+
+ADAM_STATE_BYTES = 12  # fp32 master weights + m + v per parameter (ZeRO paper, K = 12)
+ADAM_STEP_BYTES = 28  # read master, m, v (12) + bf16 grad (2); write master, m, v (12) + bf16 param (2)
+LOGIT_BYTES = 4  # logits are kept in fp32 for the softmax / log-probs
+DECODE_POINTS = 8  # decoding time is integrated over the context length at this many midpoints
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """The run's sizes: prompts per iteration and token lengths; PPO's optimizer steps."""
+
+    prompt_len: int
+    gen_len: int
+    batch_size: int  # prompts per iteration
+    samples_per_prompt: int = 1
+    epochs: int = 1
+    mini_batches: int = 1  # optimizer steps per epoch
+
+    @classmethod
+    def from_config(cls, cfg) -> "RunShape":
+        ppo = getattr(cfg, "ppo", None)
+        return cls(cfg.data.prompt_len, cfg.data.gen_len, cfg.data.batch_size, cfg.data.samples_per_prompt,
+                   getattr(ppo, "epochs", 1), getattr(ppo, "mini_batches", 1))
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.gen_len
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """What the estimator needs to know about a call: its kind, its model, its sequence count."""
+
+    name: str
+    role: str
+    kind: str  # generate | inference | train
+    model: ModelConfig
+    value_head: bool = False
+    n_samples: int = 1
+
+    def sequences(self, shape: RunShape) -> int:
+        return shape.batch_size * (self.n_samples if self.n_samples > 1 else shape.samples_per_prompt)
+
+
+@dataclass(frozen=True)
+class Links:
+    """Whether the TP, DP and PP groups of a placement cross node boundaries (IB instead of NVLink)."""
+
+    tp: bool = False
+    dp: bool = False
+    pp: bool = False
+
+
+@dataclass
+class Estimate:
+    """Predicted cost of one call (or one realloc / transfer step, with memory fields zero).
+
+    Memory is per device on the call's busiest device: ``weights`` in this call's layout, ``state``
+    (optimizer state, train calls only) and ``transient`` (gradients, activations, KV cache)."""
+
+    time_s: float
+    flops: float = 0.0
+    weights_bytes: float = 0.0
+    state_bytes: float = 0.0
+    transient_bytes: float = 0.0
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mem_bytes(self) -> float:
+        return self.weights_bytes + self.state_bytes + self.transient_bytes
+
+
+def mesh_links(mesh: Mesh, layout: Layout, devices_per_node: int) -> Links:
+    """Which groups of the placement span nodes (checked on the first group of each axis; meshes
+    are aligned blocks, so every group of an axis looks alike)."""
+    r = mesh.ranks
+
+    def spans(idxs: list[int]) -> bool:
+        return len({r[i] // devices_per_node for i in idxs}) > 1
+
+    lay = layout
+    return Links(tp=spans([lay.local_index(0, t, 0) for t in range(lay.tp)]),
+                 dp=spans([lay.local_index(d, 0, 0) for d in range(lay.dp)]),
+                 pp=spans([lay.local_index(0, 0, p) for p in range(lay.pp)]))
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    mc: ModelCosts
+    hw: Hardware
+    lay: Layout
+    links: Links
+
+    @property
+    def stage_layers(self) -> int:
+        return math.ceil(self.mc.cfg.num_hidden_layers / self.lay.pp)
+
+    @property
+    def frac(self) -> float:
+        return self.stage_layers / self.mc.cfg.num_hidden_layers
+
+    @property
+    def flops(self) -> float:
+        return self.hw.flops_at(self.mc.cfg.hidden_size)
+
+    @property
+    def stage_param_bytes(self) -> float:
+        return self.mc.max_stage_params(self.lay.pp) / self.lay.tp * BF16
+
+
+def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False) -> tuple[float, dict]:
+    """One micro-batch of ``b`` sequences, ``new`` new tokens each (context ending at ``ctx``)
+    through the slowest stage: compute + TP all-reduces + the activation send to the next stage."""
+    mult = 3.0 if backward else 1.0
+    flops = b * (new * c.mc.matmul_flops_per_token() + c.mc.attn_flops(new, ctx))
+    compute = mult * flops * c.frac / c.lay.tp / c.flops
+    act = b * new * c.mc.cfg.hidden_size * BF16
+    n_ar = (4 if backward else 2) * c.stage_layers
+    tp = n_ar * c.hw.all_reduce(act, c.lay.tp, c.links.tp)
+    pp = (2 if backward else 1) * c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 else 0.0
+    return compute + tp + pp, {"compute": compute, "tp_comm": tp, "pp_comm": pp}
+
+
+def _decode_step(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:
+    """One decoding step of ``b`` sequences at context ``ctx`` on the slowest stage."""
+    mc = c.mc
+    flops = b * (mc.matmul_flops_per_token() + mc.attn_flops(1, ctx)) * c.frac / c.lay.tp
+    kv = b * ctx * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp)
+    mem = (c.stage_param_bytes + kv) / c.hw.hbm_bw
+    compute = flops / c.flops
+    act = b * mc.cfg.hidden_size * BF16
+    tp = 2 * c.stage_layers * c.hw.all_reduce(act, c.lay.tp, c.links.tp)
+    tp += c.hw.all_gather(b * mc.out_width * BF16, c.lay.tp, c.links.tp)  # logits for sampling
+    pp = c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 else 0.0
+    return max(mem, compute) + tp + pp, {"decode_mem" if mem >= compute else "compute": max(mem, compute),
+                                        "tp_comm": tp, "pp_comm": pp}
+
+
+def _add(acc: dict, part: dict, times: float) -> None:
+    for k, v in part.items():
+        acc[k] = acc.get(k, 0.0) + v * times
+
+
+def _pipeline(c: _Ctx, m: int, step: float, parts: dict, acc: dict) -> float:
+    """m micro-batches through pp stages: (m + pp - 1) steps; the pp - 1 extra ones are the bubble."""
+    _add(acc, parts, m)
+    acc["bubble"] = acc.get("bubble", 0.0) + (c.lay.pp - 1) * step
+    return (m + c.lay.pp - 1) * step
+
+
+def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
+    s_dp = math.ceil(spec.sequences(shape) / c.lay.dp)
+    b = math.ceil(s_dp / m)
+    acc: dict[str, float] = {}
+    step, parts = _forward_step(c, b, shape.prompt_len, shape.prompt_len)
+    t = _pipeline(c, m, step, parts, acc)
+    # Decode: integrate over the growing context at DECODE_POINTS midpoints.
+    n_pts = min(DECODE_POINTS, shape.gen_len)
+    per_pt = shape.gen_len / n_pts
+    rounds = m if c.lay.pp == 1 else max(m, c.lay.pp)
+    for i in range(n_pts):
+        ctx = shape.prompt_len + int((i + 0.5) * per_pt) + 1
+        step, parts = _decode_step(c, b, ctx)
+        t += rounds * per_pt * step
+        _add(acc, parts, rounds * per_pt)
+    seqs = spec.sequences(shape)
+    mc = c.mc
+    flops = seqs * (shape.prompt_len * mc.matmul_flops_per_token() + mc.attn_flops(shape.prompt_len,
+                    shape.prompt_len))
+    flops += seqs * (shape.gen_len * mc.matmul_flops_per_token() + mc.attn_flops(shape.gen_len, shape.seq_len))
+    in_flight = b if c.lay.pp == 1 else s_dp
+    kv = in_flight * shape.seq_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp)
+    logits = b * mc.out_width / c.lay.tp * LOGIT_BYTES
+    prefill_act = b * shape.prompt_len * mc.act_bytes_per_token_layer(c.lay.tp)
+    return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc)
+
+
+def _inference(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
+    s_dp = math.ceil(spec.sequences(shape) / c.lay.dp)
+    b = math.ceil(s_dp / m)
+    s = shape.seq_len
+    acc: dict[str, float] = {}
+    step, parts = _forward_step(c, b, s, s)
+    t = _pipeline(c, m, step, parts, acc)
+    seqs = spec.sequences(shape)
+    flops = seqs * (s * c.mc.matmul_flops_per_token() + c.mc.attn_flops(s, s))
+    act = b * s * (c.mc.act_bytes_per_token_layer(c.lay.tp) + c.mc.out_width / c.lay.tp * LOGIT_BYTES)
+    return Estimate(t, flops, c.stage_param_bytes, 0.0, act, acc)
+
+
+def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
+    steps = shape.epochs * shape.mini_batches
+    s_dp = math.ceil(spec.sequences(shape) / c.lay.dp / shape.mini_batches)
+    b = math.ceil(s_dp / m)
+    s = shape.seq_len
+    acc: dict[str, float] = {}
+    step, parts = _forward_step(c, b, s, s, backward=True)
+    t_mb = _pipeline(c, m, step, parts, {})
+    grad_bytes = c.stage_param_bytes
+    dp = c.hw.all_reduce(grad_bytes, c.lay.dp, c.links.dp)
+    opt = ADAM_STEP_BYTES * (grad_bytes / BF16) / c.lay.dp / c.hw.hbm_bw
+    _add(acc, parts, m * steps)
+    acc["bubble"] = (c.lay.pp - 1) * step * steps
+    acc["dp_comm"] = dp * steps
+    acc["optimizer"] = opt * steps
+    seqs = spec.sequences(shape)
+    flops = 3 * shape.epochs * seqs * (s * c.mc.matmul_flops_per_token() + c.mc.attn_flops(s, s))
+    state = ADAM_STATE_BYTES * (grad_bytes / BF16) / c.lay.dp
+    in_flight = min(m, c.lay.pp)
+    act = in_flight * b * s * c.stage_layers * c.mc.act_bytes_per_token_layer(c.lay.tp)
+    logits = 2 * b * s * c.mc.out_width / c.lay.tp * LOGIT_BYTES  # logits and their gradient
+    return Estimate((t_mb + dp + opt) * steps, flops, c.stage_param_bytes, state, grad_bytes + act + logits, acc)
+
+
+def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches: int, hw: Hardware,
+                  links: Links = Links()) -> Estimate:
+    """Time and per-device memory of ``spec`` under ``layout`` with ``micro_batches`` per DP rank
+    (per mini-batch for train calls). The layout must suit the model (see Layout.check_model)."""
+    c = _Ctx(model_costs(spec.model, spec.value_head), hw, layout, links)
+    if spec.kind == "generate":
+        return _generate(c, spec, shape, micro_batches)
+    if spec.kind == "inference":
+        return _inference(c, spec, shape, micro_batches)
+    return _train(c, spec, shape, micro_batches)
+
+
+def max_micro_batches(spec: CallSpec, shape: RunShape, layout: Layout) -> int:
+    """More micro-batches than sequences per DP rank (per mini-batch) would leave some empty."""
+    per = spec.sequences(shape) / layout.dp
+    if spec.kind == "train":
+        per /= shape.mini_batches
+    return max(1, math.ceil(per))

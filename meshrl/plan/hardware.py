@@ -1,0 +1,217 @@
+"""``Hardware``: what one device and its links can do, as the estimator needs it (pure Python).
+
+GPU presets carry vendor datasheet numbers, each with its source, and one cited achievable
+fraction of peak FLOP/s (MFU). ``cpu`` is not a preset: it is read from the profile file that
+``meshrl profile`` measures on this machine, so every CPU number is a measurement.
+
+Collectives follow the ring model that NCCL's own tuner uses (src/graph/tuning.cc):
+``time = base latency + steps * per-hop latency + bytes moved per rank / link bandwidth``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+
+GB = 1e9
+GIB = 2**30
+PROFILE_ENV = "MESHRL_PROFILE"
+DEFAULT_PROFILE = Path("~/.cache/meshrl/profile-cpu.json")
+
+# ---- sources (one line each; docs/planner.md expands them) -----------------------------------
+A100_DS = "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB: 312 TFLOPS BF16 dense, 2,039 GB/s, 600 GB/s NVLink)"
+H100_DS = "NVIDIA H100 Tensor Core GPU datasheet (SXM: 989 TFLOPS BF16 dense, 3.35 TB/s, 80 GB, 900 GB/s NVLink)"
+H200_DS = "NVIDIA H200 Tensor Core GPU datasheet (SXM: 989 TFLOPS BF16 dense, 4.8 TB/s, 141 GB, 900 GB/s NVLink)"
+DGX_A100 = "NVIDIA DGX A100 system datasheet: 8x single-port ConnectX-6 200 Gb/s HDR InfiniBand (one per GPU)"
+DGX_H100 = "NVIDIA DGX H100/H200 system datasheet: 8x single-port ConnectX-7 400 Gb/s NDR InfiniBand (one per GPU)"
+NCCL_LAT = ("NCCL src/graph/tuning.cc, Ring/Simple protocol: base latency 8.4 us, per-hop 3.4 us over "
+            "NVLink, 14 us over the network")
+MFU_A100 = ("Narayanan et al., SC'21 (Megatron-LM), 163 of 312 TFLOP/s per A100 = 52% of peak "
+            "(GPT 1T, 3072 GPUs)")
+MFU_H100 = "Llama 3 Herd of Models (Dubey et al., 2024), Table 4: 38-43% BF16 MFU on H100; we take 43%"
+
+NCCL_BASE_LAT = 8.4e-6
+NVLINK_HOP_LAT = 3.4e-6
+NET_HOP_LAT = 14e-6
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """A measured collective: ``seconds = latency + bytes_per_rank * sec_per_byte`` for one group size."""
+
+    latency: float
+    sec_per_byte: float
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device kind plus its links. Bandwidths in bytes/s (one direction), latencies in s.
+
+    ``matmul`` maps a hidden size to the measured matmul FLOP/s at that size (profiles only);
+    ``measured`` maps a collective ('all_reduce', 'all_gather', 'p2p') to fits by group size."""
+
+    name: str
+    peak_flops: float
+    mfu: float
+    hbm_bw: float
+    mem_bytes: float
+    intra_bw: float
+    intra_lat: float
+    inter_bw: float
+    inter_lat: float
+    devices_per_node: int
+    base_lat: float = NCCL_BASE_LAT
+    sources: dict[str, str] = field(default_factory=dict)
+    matmul: tuple[tuple[int, float], ...] = ()
+    measured: dict[str, dict[int, LinkFit]] = field(default_factory=dict)
+
+    # ---- compute and memory ----------------------------------------------------------------
+    def flops_at(self, hidden: int) -> float:
+        """Achievable dense matmul FLOP/s for a model of this hidden size."""
+        if not self.matmul:
+            return self.peak_flops * self.mfu
+        sizes = [h for h, _ in self.matmul]
+        i = bisect.bisect_left(sizes, hidden)
+        if i == 0:
+            return self.matmul[0][1]
+        if i == len(sizes):
+            return self.matmul[-1][1]
+        (h0, f0), (h1, f1) = self.matmul[i - 1], self.matmul[i]
+        return f0 + (f1 - f0) * (hidden - h0) / (h1 - h0)
+
+    # ---- links -------------------------------------------------------------------------------
+    def _link(self, inter: bool) -> tuple[float, float]:
+        return (self.inter_bw, self.inter_lat) if inter else (self.intra_bw, self.intra_lat)
+
+    def _measured(self, kind: str, n: int, per_rank_bytes: float, steps: int) -> float | None:
+        fits = self.measured.get(kind)
+        if not fits:
+            return None
+        sizes = sorted(fits)
+        g = max([s for s in sizes if s <= n] or [sizes[0]])
+        fit = fits[g]
+        # Beyond the largest measured group, the ring adds hops of the same per-hop latency.
+        hops_scale = steps / max(1, _steps(kind, g))
+        return fit.latency * hops_scale + per_rank_bytes * fit.sec_per_byte
+
+    def all_reduce(self, nbytes: float, n: int, inter: bool = False) -> float:
+        """Ring all-reduce of ``nbytes`` per rank over ``n`` ranks: 2(n-1) steps of nbytes/n."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        moved = 2 * (n - 1) / n * nbytes
+        m = self._measured("all_reduce", n, moved, 2 * (n - 1))
+        if m is not None:
+            return m
+        bw, lat = self._link(inter)
+        return self.base_lat + 2 * (n - 1) * lat + moved / bw
+
+    def all_gather(self, nbytes_out: float, n: int, inter: bool = False) -> float:
+        """Ring all-gather producing ``nbytes_out`` per rank (each contributes nbytes_out/n)."""
+        if n <= 1 or nbytes_out <= 0:
+            return 0.0
+        moved = (n - 1) / n * nbytes_out
+        m = self._measured("all_gather", n, moved, n - 1)
+        if m is not None:
+            return m
+        bw, lat = self._link(inter)
+        return self.base_lat + (n - 1) * lat + moved / bw
+
+    def p2p(self, nbytes: float, inter: bool = False) -> float:
+        """One send/recv of ``nbytes`` between two devices."""
+        if nbytes <= 0:
+            return 0.0
+        m = self._measured("p2p", 2, nbytes, 1)
+        if m is not None:
+            return m
+        bw, lat = self._link(inter)
+        return self.base_lat + lat + nbytes / bw
+
+    def transfer(self, nbytes: float, inter: bool) -> float:
+        """Bandwidth term of ``nbytes`` over one link (the latency is added once per step by callers)."""
+        if self.measured.get("p2p"):
+            return nbytes * self.measured["p2p"][2].sec_per_byte
+        return nbytes / self._link(inter)[0]
+
+    @property
+    def step_latency(self) -> float:
+        if self.measured.get("p2p"):
+            return self.measured["p2p"][2].latency
+        return self.base_lat + self.inter_lat
+
+
+def _steps(kind: str, n: int) -> int:
+    return {"all_reduce": 2 * (n - 1), "all_gather": n - 1}.get(kind, 1)
+
+
+def _gpu(name: str, peak: float, mfu: float, hbm: float, mem: float, nvlink: float, ib: float,
+         sources: dict[str, str]) -> Hardware:
+    return Hardware(name=name, peak_flops=peak, mfu=mfu, hbm_bw=hbm, mem_bytes=mem, intra_bw=nvlink,
+                    intra_lat=NVLINK_HOP_LAT, inter_bw=ib, inter_lat=NET_HOP_LAT, devices_per_node=8,
+                    sources={**sources, "latency": NCCL_LAT})
+
+
+# NVLink figures in the datasheets are bidirectional totals: one direction is half.
+PRESETS: dict[str, Hardware] = {
+    "a100-80g": _gpu("a100-80g", 312e12, 0.52, 2039 * GB, 80 * GB, 300 * GB, 200e9 / 8,
+                     {"device": A100_DS, "network": DGX_A100, "mfu": MFU_A100}),
+    "h100-80g": _gpu("h100-80g", 989e12, 0.43, 3350 * GB, 80 * GB, 450 * GB, 400e9 / 8,
+                     {"device": H100_DS, "network": DGX_H100, "mfu": MFU_H100}),
+    "h200": _gpu("h200", 989e12, 0.43, 4800 * GB, 141 * GB, 450 * GB, 400e9 / 8,
+                 {"device": H200_DS, "network": DGX_H100, "mfu": MFU_H100}),
+}
+
+
+def profile_path(override: str | None = None) -> Path:
+    """The CPU profile file: ``override``, else $MESHRL_PROFILE, else ~/.cache/meshrl/profile-cpu.json."""
+    return Path(override or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE).expanduser()
+
+
+def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> Hardware:
+    """A Hardware whose every number is a measurement from ``meshrl profile``.
+
+    Ranks on one machine share its memory, so each gets RAM / devices_per_node."""
+    try:
+        matmul = tuple(sorted((int(h), float(f)) for h, f in data["matmul"].items()))
+        measured = {kind: {int(n): LinkFit(float(v["latency_s"]), float(v["sec_per_byte"]))
+                           for n, v in fits.items()}
+                    for kind, fits in data.get("collectives", {}).items()}
+        p2p = measured.get("p2p", {}).get(2)
+        bw = 1.0 / p2p.sec_per_byte if p2p else float(data["mem_bw"])
+        lat = p2p.latency if p2p else 0.0
+        return Hardware(name="cpu", peak_flops=max(f for _, f in matmul), mfu=1.0, hbm_bw=float(data["mem_bw"]),
+                        mem_bytes=float(data["mem_bytes"]) / devices_per_node, intra_bw=bw, intra_lat=lat,
+                        inter_bw=bw, inter_lat=lat, devices_per_node=devices_per_node, base_lat=0.0,
+                        sources={"all": f"measured by meshrl profile ({source})"}, matmul=matmul,
+                        measured=measured)
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"profile {source} is malformed ({e!r}); run `meshrl profile` again") from None
+
+
+def load_profile(path: str | Path | None = None, devices_per_node: int = 1) -> Hardware:
+    p = profile_path(str(path) if path else None)
+    if not p.is_file():
+        raise UserError(f"cluster.device=cpu needs a measured profile, and {p} does not exist; "
+                        f"run `meshrl profile` first (or set ${PROFILE_ENV} / --profile to a profile file)")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"profile {p} is not valid JSON ({e}); run `meshrl profile` again") from None
+    return from_profile(data, devices_per_node, str(p))
+
+
+def get_hardware(device: str, devices_per_node: int, profile: str | None = None) -> Hardware:
+    """The Hardware for ``cluster.device``; an unknown device names the known ones."""
+    if device == "cpu":
+        return load_profile(profile, devices_per_node)
+    if device not in PRESETS:
+        raise UserError(f"unknown device {device!r}; known devices: {', '.join(PRESETS)}, cpu (measured)")
+    hw = PRESETS[device]
+    if devices_per_node > hw.devices_per_node:
+        raise UserError(f"cluster.devices_per_node={devices_per_node}, but a {device} node has at most "
+                        f"{hw.devices_per_node} devices")
+    return hw

@@ -1,0 +1,187 @@
+"""``Problem``: one planning question (graph, models, sizes, hardware, cluster) and its cached costs.
+
+Everything the simulator and the search ask about a plan goes through here, so every cost is
+computed once: call estimates keyed by what they depend on (layout, micro-batches, which groups
+cross nodes), reallocation times keyed by the two placements up to a whole-node shift.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..algo.graph import Graph
+from ..errors import UserError
+from ..model.config import ModelConfig
+from ..parallel.mesh import Layout, LayoutError, Mesh, Placement
+from ..realloc.plan import link_bytes
+from ..realloc.shardmap import check_shardable
+from .estimator import CallSpec, Estimate, RunShape, estimate_call, mesh_links
+from .execution_plan import CallPlan, Cluster, ExecutionPlan
+from .hardware import Hardware
+
+VALUE_HEAD_ROLES = ("critic", "reward")
+TOKEN_BYTES = 4  # int32 token ids and fp32 per-token values between calls
+SEQ_LEVEL_KEYS = ("scores",)  # one fp32 per sequence; every other key is one value per token
+
+
+@dataclass
+class Problem:
+    graph: Graph
+    models: dict[str, ModelConfig]  # role -> model
+    shape: RunShape
+    hw: Hardware
+    cluster: Cluster
+    async_gen: int = 0
+    optimistic: bool = False  # unknown reallocation times read as 0 (see realloc_time)
+    specs: dict[str, CallSpec] = field(init=False)
+    _calls: dict = field(init=False, default_factory=dict)
+    _realloc: dict = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.specs = {}
+        for c in self.graph.calls:
+            if c.role not in self.models:
+                raise UserError(f"call {c.name} needs a model for role {c.role!r}; config models has none")
+            self.specs[c.name] = CallSpec(c.name, c.role, c.kind, self.models[c.role],
+                                          c.role in VALUE_HEAD_ROLES, c.n_samples)
+        self.train_call = {c.role: c.name for c in self.graph.calls if c.kind == "train"}
+
+    # ---- calls -----------------------------------------------------------------------------
+    def fits_layout(self, name: str, layout: Layout) -> bool:
+        if layout.tp > self.cluster.devices_per_node:
+            return False
+        try:
+            check_shardable(self.specs[name].model, Placement(Mesh.range(0, layout.size), layout))
+        except LayoutError:
+            return False
+        return True
+
+    def call_estimate(self, name: str, cp: CallPlan) -> Estimate:
+        est = self._calls.get((name, cp))
+        if est is None:
+            links = mesh_links(cp.mesh, cp.layout, self.cluster.devices_per_node)
+            key = (name, cp.layout, cp.micro_batches, links)  # meshes alike up to position share it
+            est = self._calls.get(key)
+            if est is None:
+                est = estimate_call(self.specs[name], self.shape, cp.layout, cp.micro_batches, self.hw, links)
+                self._calls[key] = est
+            self._calls[(name, cp)] = est
+        return est
+
+    def home(self, plan: ExecutionPlan, role: str) -> str:
+        """The call whose layout holds the role's weights: its train call, else its first call."""
+        if role in self.train_call:
+            return self.train_call[role]
+        return next(c.name for c in self.graph.calls if c.role == role)
+
+    # ---- moving weights and data --------------------------------------------------------------
+    def realloc_time(self, role: str, src: Placement, dst: Placement) -> float:
+        """Seconds to move ``role``'s weights from ``src`` to ``dst``: per rank, bytes sent and
+        received over NVLink and IB (link_bytes, the runtime's own plan); the slowest rank decides."""
+        if src == dst:
+            return 0.0
+        dpn = self.cluster.devices_per_node
+        s_nodes = {r // dpn for r in src.mesh.ranks}
+        d_nodes = {r // dpn for r in dst.mesh.ranks}
+        if s_nodes & d_nodes:  # shared nodes: the time is the same under a shift by whole nodes
+            sb = db = min(s_nodes | d_nodes) * dpn
+        else:  # every byte crosses the network: only each mesh's shape inside its own nodes matters
+            sb, db = min(s_nodes) * dpn, min(d_nodes) * dpn
+        key = (role, src.layout, dst.layout, tuple(r - sb for r in src.mesh.ranks),
+               tuple(r - db for r in dst.mesh.ranks), not (s_nodes & d_nodes))
+        t = self._realloc.get(key)
+        if t is None:
+            if self.optimistic:
+                return 0.0  # a lower bound: the search computes it only if the plan may win
+            t = self._realloc[key] = self._link_time(role, src, dst)
+        return t
+
+    def _link_time(self, role: str, src: Placement, dst: Placement) -> float:
+        moved = link_bytes(self.models[role], src, dst, role in VALUE_HEAD_ROLES)
+        if not moved:
+            return 0.0
+        dpn = self.cluster.devices_per_node
+        per_rank: dict[tuple[int, str], float] = {}
+        for (s, d), n in moved.items():
+            inter = s // dpn != d // dpn
+            t = self.hw.transfer(n, inter)
+            per_rank[(s, "send")] = per_rank.get((s, "send"), 0.0) + t
+            per_rank[(d, "recv")] = per_rank.get((d, "recv"), 0.0) + t
+        return max(per_rank.values()) + self.hw.step_latency
+
+    def transfer_time(self, producer: str, consumer: str, src: CallPlan, dst: CallPlan) -> float:
+        """Seconds to hand ``producer``'s outputs that ``consumer`` reads from one mesh to the other.
+        Each producer DP rank sends its share and each consumer DP rank receives its share."""
+        if src.mesh == dst.mesh and src.layout.dp == dst.layout.dp:
+            return 0.0
+        keys = [k for k in self.graph.call(consumer).inputs if self.graph.producers.get(k) == producer]
+        seqs = self.specs[producer].sequences(self.shape)
+        per_seq = sum(TOKEN_BYTES * (1 if k in SEQ_LEVEL_KEYS else self.shape.seq_len) for k in keys)
+        total = seqs * per_seq
+        dpn = self.cluster.devices_per_node
+        inter = len({r // dpn for r in src.mesh.ranks + dst.mesh.ranks}) > 1
+        worst = max(total / src.layout.dp, total / dst.layout.dp)
+        return self.hw.transfer(worst, inter) + self.hw.step_latency
+
+    # ---- memory ------------------------------------------------------------------------------
+    def device_memory(self, plan: ExecutionPlan) -> list[float]:
+        """Peak bytes per device: resident weights (and optimizer state) of every role whose home
+        is on the device, plus the largest transient need of any call that runs there (its
+        activations / KV cache / gradients, and a temporary copy of weights not in the home layout).
+        A partial plan (calls missing) gets a lower bound: missing calls add nothing."""
+        n = self.cluster.size
+        resident = [0.0] * n
+        transient = [0.0] * n
+        homes = {role: self.home(plan, role) for role in self.graph.roles()}
+        for h in homes.values():
+            if h in plan.calls:
+                est = self.call_estimate(h, plan.calls[h])
+                for r in plan.calls[h].mesh.ranks:
+                    resident[r] += est.weights_bytes + est.state_bytes
+        for name, cp in plan.calls.items():
+            est = self.call_estimate(name, cp)
+            extra = est.transient_bytes
+            home = plan.calls.get(homes[self.specs[name].role])
+            if home is not None and name != homes[self.specs[name].role] and cp.placement != home.placement:
+                extra += est.weights_bytes
+            for r in cp.mesh.ranks:
+                transient[r] = max(transient[r], extra)
+        return [a + b for a, b in zip(resident, transient, strict=True)]
+
+    def feasible(self, plan: ExecutionPlan) -> bool:
+        return max(self.device_memory(plan)) <= self.hw.mem_bytes
+
+    def iteration_flops(self, plan: ExecutionPlan) -> float:
+        return sum(self.call_estimate(n, cp).flops for n, cp in plan.calls.items())
+
+
+def model_for(spec, role: str) -> ModelConfig:
+    """A role's ModelConfig from its config entry: a preset name or a Hugging Face directory."""
+    from ..model.presets import get_preset
+
+    if spec.path:
+        p = Path(spec.path) / "config.json"
+        if not p.is_file():
+            raise UserError(f"models.{role}.path: {p} does not exist")
+        try:
+            return ModelConfig.from_hf_dict(json.loads(p.read_text()))
+        except json.JSONDecodeError as e:
+            raise UserError(f"models.{role}.path: {p} is not valid JSON ({e})") from None
+    if not spec.preset:
+        raise UserError(f"models.{role} needs a preset or a path")
+    return get_preset(spec.preset)
+
+
+def problem_from_config(cfg, profile: str | None = None) -> Problem:
+    """The planning problem of a run config (meshrl.config.Config)."""
+    from ..algo.graph import graph_for
+    from .hardware import get_hardware
+
+    graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+    models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}
+    cluster = Cluster(cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device)
+    hw = get_hardware(cfg.cluster.device, cfg.cluster.devices_per_node, profile)
+    plan_cfg = getattr(cfg, "plan", None)
+    return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, getattr(plan_cfg, "async_gen", 0))

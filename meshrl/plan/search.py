@@ -1,0 +1,224 @@
+"""Plan search: simulated annealing over per-call candidates, seeded with every strategy; and an
+exhaustive branch-and-bound over the same candidates, the reference for small clusters.
+
+A candidate is a CallPlan (aligned mesh, layout, micro-batches) whose own memory fits a device;
+micro-batch counts that are both slower and hungrier than another on the same mesh and layout are
+dropped (a list schedule never gets slower when a step gets shorter, so this loses nothing). The
+objective is the simulated mean iteration time; plans over memory capacity are rejected.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, replace
+
+from ..errors import UserError
+from ..parallel.mesh import Mesh
+from .candidates import aligned_meshes, call_layouts, micro_batch_options
+from .execution_plan import CallPlan, ExecutionPlan
+from .problem import Problem
+from .simulator import iteration_time
+from .strategies import BUILDERS
+
+INFEASIBLE = float("inf")
+
+
+def candidates(problem: Problem, name: str) -> list[CallPlan]:
+    """Every (aligned mesh, layout, micro-batch count) that fits a device, fastest first, less the
+    dominated ones (a list schedule never gets slower when a step gets shorter, so dropping a
+    candidate that is no faster and needs no less memory than another loses nothing):
+    - per layout, micro-batch counts slower and hungrier than another count;
+    - for a frozen role's only call, layouts with the same mesh and dp (so the same devices and
+      data transfers) that are no faster and need no less memory, resident or transient.
+
+    Aligned meshes of one size differ only in position (their groups cross nodes alike), so each
+    size is estimated once and the result placed on every mesh of that size."""
+    cap = problem.hw.mem_bytes
+    role = problem.specs[name].role
+    frozen_single = role not in problem.train_call and sum(
+        1 for c in problem.graph.calls if c.role == role) == 1
+    by_size: dict[int, list[Mesh]] = {}
+    for mesh in aligned_meshes(problem.cluster.size, problem.cluster.devices_per_node):
+        by_size.setdefault(mesh.size, []).append(mesh)
+    out: list[tuple[float, CallPlan]] = []
+    for meshes in by_size.values():
+        kept: list[tuple[float, float, float, int, CallPlan]] = []  # time, weights, transient, dp, plan
+        for lay in call_layouts(problem, name, meshes[0].size):
+            for m in micro_batch_options(problem, name, lay):
+                cp = CallPlan(meshes[0], lay, m)
+                est = problem.call_estimate(name, cp)
+                if est.mem_bytes <= cap:
+                    kept.append((est.time_s, est.weights_bytes + est.state_bytes, est.transient_bytes,
+                                 lay.dp if frozen_single else id(lay), cp))
+        kept = [k for k in kept if not any(_dominates(o, k) for o in kept)]
+        for t, _, _, _, cp in kept:
+            out += [(t, CallPlan(mesh, cp.layout, cp.micro_batches)) for mesh in meshes]
+    out.sort(key=lambda x: x[0])
+    return [cp for _, cp in out]
+
+
+def _dominates(a: tuple, b: tuple) -> bool:
+    """a is as fast and as small as b (same dp group where it matters), and strictly better or
+    earlier in a fixed order on ties (so of equal candidates exactly one survives)."""
+    if a is b or a[3] != b[3] or a[0] > b[0] or a[1] > b[1] or a[2] > b[2]:
+        return False
+    return a[:3] != b[:3] or str(a[4].layout) + str(a[4].micro_batches) < str(b[4].layout) + str(b[4].micro_batches)
+
+
+def score(problem: Problem, plan: ExecutionPlan, threshold: float = INFEASIBLE) -> float:
+    """Simulated iteration time, or infinity for a plan over memory capacity. Reallocations not
+    costed yet are costed (link_bytes is the slow part) only if the plan, with them taken as free,
+    would beat ``threshold``; otherwise that optimistic time, already >= threshold, is returned."""
+    if not problem.feasible(plan):
+        return INFEASIBLE
+    problem.optimistic = True
+    try:
+        bound = iteration_time(problem, plan)
+    finally:
+        problem.optimistic = False
+    if bound >= threshold:
+        return bound
+    return iteration_time(problem, plan)
+
+
+@dataclass
+class SearchResult:
+    plan: ExecutionPlan
+    iteration_s: float
+    evaluations: int
+    seconds: float
+
+
+def _all_candidates(problem: Problem) -> dict[str, list[CallPlan]]:
+    cands = {n: candidates(problem, n) for n in problem.graph.names}
+    empty = [n for n, c in cands.items() if not c]
+    if empty:
+        raise UserError(f"calls {empty} fit on no mesh of this cluster: the model is too large for "
+                        f"{problem.cluster.size} x {problem.hw.name} ({problem.hw.mem_bytes / 2**30:.0f} GiB each)")
+    return cands
+
+
+def _move(problem: Problem, plan: ExecutionPlan, cands: dict[str, list[CallPlan]], rng: random.Random
+          ) -> ExecutionPlan:
+    """One random change: a call to a random candidate, to another candidate on its mesh, onto the
+    placement of another call (removing a reallocation), or a whole role onto one placement."""
+    names = problem.graph.names
+    name = rng.choice(names)
+    cur = plan.calls[name]
+    kind = rng.random()
+    calls = dict(plan.calls)
+    if kind < 0.4:
+        calls[name] = rng.choice(cands[name])
+    elif kind < 0.7:
+        same = [c for c in cands[name] if c.mesh == cur.mesh] or cands[name]
+        calls[name] = rng.choice(same)
+    elif kind < 0.85:
+        other = plan.calls[rng.choice(names)]
+        match = [c for c in cands[name] if c.mesh == other.mesh and c.layout == other.layout]
+        if match:
+            calls[name] = rng.choice(match)
+    else:
+        role = problem.specs[name].role
+        pick = rng.choice(cands[name])
+        for n in names:
+            if problem.specs[n].role == role:
+                match = [c for c in cands[n] if c.mesh == pick.mesh and c.layout == pick.layout]
+                if match:
+                    calls[n] = match[0]
+    return replace(plan, calls=calls)
+
+
+def search(problem: Problem, budget_s: float = 5.0, seed: int = 0, max_evals: int | None = None,
+           seeds: list[ExecutionPlan] | None = None) -> SearchResult:
+    """Simulated annealing from every strategy's plan (chains take turns), under a time budget
+    (and an evaluation cap, for reproducible tests). Returns the best feasible plan seen."""
+    t0 = time.perf_counter()
+    rng = random.Random(seed)
+    cands = _all_candidates(problem)
+    if seeds is None:
+        seeds = []
+        for build in BUILDERS.values():
+            try:
+                seeds.append(build(problem))
+            except UserError:
+                continue
+    fastest = ExecutionPlan(problem.cluster, {n: c[0] for n, c in cands.items()}, "search", problem.async_gen)
+    chains = [replace(p, strategy="search", async_gen=problem.async_gen) for p in seeds] + [fastest]
+    costs = [score(problem, p) for p in chains]
+    evals = len(chains)
+    best_i = min(range(len(chains)), key=lambda i: costs[i])
+    best, best_cost = chains[best_i], costs[best_i]
+    finite = [c for c in costs if c < INFEASIBLE]
+    temp0 = 0.05 * (min(finite) if finite else 1.0)
+    while True:
+        elapsed = time.perf_counter() - t0
+        if elapsed >= budget_s or (max_evals is not None and evals >= max_evals):
+            break
+        frac = elapsed / budget_s if max_evals is None else evals / max_evals
+        temp = temp0 * (1e-3 ** min(frac, 1.0))  # geometric cooling to 0.1% of the start
+        for i in range(len(chains)):
+            cand = _move(problem, chains[i], cands, rng)
+            # Metropolis: accept when cost < current - T ln(u); drawing u first lets score() skip
+            # the exact reallocation costs of a plan that cannot pass.
+            u = max(rng.random(), 1e-300)
+            threshold = costs[i] - temp * math.log(u) if costs[i] < INFEASIBLE else INFEASIBLE
+            c = score(problem, cand, max(threshold, min(best_cost, costs[i])))
+            evals += 1
+            if c < threshold or c <= costs[i]:
+                chains[i], costs[i] = cand, c
+                if c < best_cost:
+                    best, best_cost = cand, c
+            elif costs[i] == INFEASIBLE and c == INFEASIBLE:
+                chains[i] = cand  # wander until something fits
+    return SearchResult(replace(best, strategy="search"), best_cost, evals, time.perf_counter() - t0)
+
+
+def exhaustive(problem: Problem, time_limit_s: float = 600.0, upper: ExecutionPlan | None = None) -> SearchResult:
+    """The optimum over the same candidates, by depth-first branch and bound: calls are placed
+    longest first, each trying its candidates fastest first; a partial plan is cut when its memory
+    already overflows or when a simulation in which the unplaced calls take their shortest time on
+    no device (a lower bound, see simulator.build_events) is no better than the best plan so far.
+    ``upper``: a feasible plan whose time starts the bound (exactness does not depend on it).
+    Devices are interchangeable up to swapping nodes and aligned blocks inside a node, so the first
+    call placed only tries meshes holding device 0."""
+    t0 = time.perf_counter()
+    cands = _all_candidates(problem)
+    order = sorted(problem.graph.names, key=lambda n: -problem.call_estimate(n, cands[n][0]).time_s)
+    cands[order[0]] = [c for c in cands[order[0]] if 0 in c.mesh]
+    shortest = {n: problem.call_estimate(n, cands[n][0]).time_s for n in order}
+    best: list = [None, INFEASIBLE]
+    if upper is not None and problem.feasible(upper):
+        best = [upper, iteration_time(problem, upper)]
+    evals = [0]
+
+    def visit(i: int, calls: dict[str, CallPlan], load: list[float]) -> None:
+        if time.perf_counter() - t0 > time_limit_s:
+            raise UserError(f"exhaustive search ran past {time_limit_s} s; use a smaller cluster")
+        # Each device runs its calls one at a time in every iteration: the busiest bounds the mean.
+        if max(load) >= best[1]:
+            return
+        plan = ExecutionPlan(problem.cluster, calls, "exhaustive", problem.async_gen)
+        if calls and max(problem.device_memory(plan)) > problem.hw.mem_bytes:
+            return
+        evals[0] += 1
+        bound = iteration_time(problem, plan, free={n: shortest[n] for n in order[i:]})
+        if bound >= best[1]:
+            return
+        if i == len(order):
+            best[0], best[1] = plan, bound
+            return
+        for cp in cands[order[i]]:
+            t = problem.call_estimate(order[i], cp).time_s
+            child = list(load)
+            for r in cp.mesh.ranks:
+                child[r] += t
+            visit(i + 1, {**calls, order[i]: cp}, child)
+
+    visit(0, {}, [0.0] * problem.cluster.size)
+    if best[0] is None:
+        raise UserError("no plan fits in memory")
+    calls = {n: best[0].calls[n] for n in problem.graph.names}
+    return SearchResult(replace(best[0], calls=calls, strategy="exhaustive"), best[1], evals[0],
+                        time.perf_counter() - t0)

@@ -1,0 +1,192 @@
+"""The iteration timeline of a plan: list scheduling of calls, reallocations and data transfers.
+
+The runtime is SPMD: every rank walks one global order of steps and runs the steps whose meshes
+include it. The simulator follows the same rule, so what it predicts is what the runtime does:
+a step starts when its dependencies are done and every one of its devices has finished the steps
+before it in the global order (each device runs one step at a time).
+
+Steps per iteration t, in graph order:
+- ``realloc``: before a call whose role's weights live elsewhere (a trained role lives in its train
+  call's layout; a frozen role in its first call's). It reads the weights written by the role's
+  train call of iteration t-1, or t-2 for generation under ``async_gen=1`` (one step off-policy).
+  The disaggregated strategy's shadow-actor refresh is exactly this step.
+- ``transfer``: a producer's outputs moving to a consumer on another mesh or DP split.
+- ``call``: after its parents (and their transfers) and its realloc.
+With ``async_gen=1``, the generation steps of iteration t+1 come before the rest of iteration t in
+the global order, so generation overlaps training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .execution_plan import ExecutionPlan
+from .problem import Problem
+
+ITERATIONS = 5  # iterations simulated to score a plan (ReaL scores plans over 5 as well)
+
+
+@dataclass
+class Event:
+    name: str
+    kind: str  # call | realloc | transfer
+    iteration: int
+    devices: tuple[int, ...]
+    duration: float
+    deps: tuple[int, ...] = ()  # indices of earlier events
+    start: float = 0.0
+    end: float = 0.0
+
+
+@dataclass
+class Timeline:
+    """A simulated run of ``iterations`` iterations. ``iteration_s`` is the mean iteration time
+    (makespan / iterations, a cold start included, as a real run of that many iterations)."""
+
+    events: list[Event]
+    iterations: int
+    n_devices: int
+    makespan: float = 0.0
+    busy: dict[str, float] = field(default_factory=dict)  # device-seconds per event name, iteration 1
+
+    @property
+    def iteration_s(self) -> float:
+        return self.makespan / self.iterations
+
+    def to_chrome_trace(self) -> dict:
+        """Chrome / Perfetto trace: one track (tid) per device, times in microseconds."""
+        evs: list[dict] = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "meshrl plan"}}]
+        for d in range(self.n_devices):
+            evs.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": d, "args": {"name": f"device {d}"}})
+        for e in self.events:
+            for d in e.devices:
+                evs.append({"ph": "X", "name": e.name, "cat": e.kind, "pid": 0, "tid": d, "ts": e.start * 1e6,
+                            "dur": max(e.end - e.start, 0.0) * 1e6, "args": {"iteration": e.iteration}})
+        return {"traceEvents": evs, "displayTimeUnit": "ms"}
+
+    def save_gantt(self, path: str, max_devices: int = 64) -> None:
+        """A Gantt chart (PNG): one row per device, one colour per call or step kind."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        names = sorted({_label(e) for e in self.events})
+        cmap = plt.get_cmap("tab20")
+        colour = {n: cmap(i % 20) for i, n in enumerate(names)}
+        n_dev = min(self.n_devices, max_devices)
+        fig, ax = plt.subplots(figsize=(12, 1 + 0.3 * n_dev))
+        for e in self.events:
+            for d in e.devices:
+                if d < n_dev and e.end > e.start:
+                    ax.barh(d, e.end - e.start, left=e.start, color=colour[_label(e)], edgecolor="none")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("device")
+        ax.invert_yaxis()
+        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in names], labels=names,
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        ax.set_title(f"{self.iterations} iterations, {self.iteration_s:.3g} s per iteration")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+
+def _label(e: Event) -> str:
+    return e.name if e.kind == "call" else e.kind
+
+
+def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERATIONS,
+                 free: dict[str, float] | None = None) -> list[Event]:
+    """The global order of steps for ``iterations`` iterations, with durations and dependencies.
+
+    ``free`` (for lower bounds on partial plans): calls not in the plan, given as a duration; each
+    becomes a step on no device, and the realloc and transfer steps that touch it are left out.
+    Every step time of a list schedule only grows with durations and devices, so this bounds the
+    time of every completion of the partial plan from below."""
+    free = free or {}
+    graph = problem.graph
+    events: list[Event] = []
+    done: dict[tuple[str, int], int] = {}  # (call name, iteration) -> event index
+    homes = {role: problem.home(plan, role) for role in graph.roles()}
+    async_gen = plan.async_gen
+
+    def emit(ev: Event) -> int:
+        events.append(ev)
+        return len(events) - 1
+
+    def emit_call(c, t: int) -> None:
+        if c.name in free:
+            deps = [done[(p, t)] for p in graph.parents(c.name)]
+            done[(c.name, t)] = emit(Event(c.name, "call", t, (), free[c.name], tuple(deps)))
+            return
+        cp = plan.calls[c.name]
+        deps: list[int] = []
+        lag = 1 + (async_gen if c.kind == "generate" else 0)
+        writer = problem.train_call.get(c.role)
+        if writer is not None and (writer, t - lag) in done and writer != c.name:
+            deps.append(done[(writer, t - lag)])
+        if writer == c.name and (c.name, t - 1) in done:
+            deps.append(done[(c.name, t - 1)])
+        home = plan.calls.get(homes[c.role])
+        if home is not None and homes[c.role] != c.name and home.placement != cp.placement:
+            dur = problem.realloc_time(c.role, home.placement, cp.placement)
+            if dur > 0:
+                devs = tuple(sorted(set(home.mesh.ranks) | set(cp.mesh.ranks)))
+                deps = [emit(Event(f"realloc {c.role}->{c.name}", "realloc", t, devs, dur, tuple(deps)))]
+        for p in graph.parents(c.name):
+            pcp = plan.calls.get(p)
+            dur = problem.transfer_time(p, c.name, pcp, cp) if pcp is not None else 0.0
+            if dur > 0:
+                devs = tuple(sorted(set(pcp.mesh.ranks) | set(cp.mesh.ranks)))
+                deps.append(emit(Event(f"transfer {p}->{c.name}", "transfer", t, devs, dur, (done[(p, t)],))))
+            else:
+                deps.append(done[(p, t)])
+        est = problem.call_estimate(c.name, cp)
+        done[(c.name, t)] = emit(Event(c.name, "call", t, cp.mesh.ranks, est.time_s, tuple(deps)))
+
+    gen_calls = [c for c in graph.calls if c.kind == "generate" and not graph.parents(c.name)]
+    rest = [c for c in graph.calls if c not in gen_calls]
+    if async_gen:
+        for c in gen_calls:
+            emit_call(c, 0)
+    for t in range(iterations):
+        if async_gen:
+            if t + 1 < iterations:
+                for c in gen_calls:
+                    emit_call(c, t + 1)
+        else:
+            for c in gen_calls:
+                emit_call(c, t)
+        for c in rest:
+            emit_call(c, t)
+    return events
+
+
+def schedule(events: list[Event], n_devices: int) -> float:
+    """List scheduling in the global order; fills start/end, returns the makespan."""
+    free = [0.0] * n_devices
+    end = 0.0
+    for e in events:
+        start = max([events[i].end for i in e.deps] + [free[d] for d in e.devices] + [0.0])
+        e.start, e.end = start, start + e.duration
+        for d in e.devices:
+            free[d] = e.end
+        end = max(end, e.end)
+    return end
+
+
+def simulate(problem: Problem, plan: ExecutionPlan, iterations: int = ITERATIONS) -> Timeline:
+    events = build_events(problem, plan, iterations)
+    makespan = schedule(events, problem.cluster.size)
+    busy: dict[str, float] = {}
+    for e in events:
+        if e.iteration == min(1, iterations - 1):
+            busy[e.name] = busy.get(e.name, 0.0) + e.duration * len(e.devices)
+    return Timeline(events, iterations, problem.cluster.size, makespan, busy)
+
+
+def iteration_time(problem: Problem, plan: ExecutionPlan, iterations: int = ITERATIONS,
+                   free: dict[str, float] | None = None) -> float:
+    """The search's objective: mean iteration time of the simulated run (a lower bound when
+    ``free`` stands in for calls the partial ``plan`` lacks)."""
+    return schedule(build_events(problem, plan, iterations, free), problem.cluster.size) / iterations
