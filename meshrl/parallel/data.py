@@ -1,0 +1,145 @@
+"""Data parallelism: gradient reduction, whole-model gradient clipping, ZeRO-1 AdamW.
+
+Loss normalisation is the caller's: a micro-batch's loss is its token sum divided by the token
+count of the WHOLE mini-batch (all micro-batches on all dp ranks), so summing gradients over
+micro-batches (autograd accumulation) and over dp ranks (all-reduce SUM) gives the mini-batch
+gradient whatever the split, up to summation order.
+
+ZeRO-1: every dp rank keeps AdamW state for 1/dp of each (flattened) parameter, updates that chunk
+with torch's own AdamW, and an all-gather puts the updated chunks back into every replica. The
+update is element-wise, so a chunk's result is bit-identical to updating the whole tensor.
+We do not use FSDP2 here because the local shards must stay plain tensors equal to the ShardMap
+slices (the reallocation executor swaps them), and because FSDP2 shards parameters (ZeRO-3), not
+only optimizer state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..realloc.shardmap import ShardMap
+from .groups import Axis, RankGroups
+
+
+def all_reduce_grads(params: list[nn.Parameter], axis: Axis) -> None:
+    """Sum the gradients of ``params`` over ``axis`` with one collective on a flat buffer."""
+    if axis.group is None or not params:
+        return
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=axis.group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def counted_names(sm: ShardMap, rank: int) -> set[str]:
+    """Parameters whose gradient this rank counts in the global norm: a slice held by several ranks
+    of one dp replica (norms across tp, replicated KV heads, a tied embedding's two stages) is
+    counted only by its first holder in mesh order."""
+    dp_i = sm.placement.coords_of(rank)[0]
+    out = set()
+    for name, sl in sm.params_of(rank).items():
+        same = [r for r, s in sm.holders(name) if s == sl and sm.placement.coords_of(r)[0] == dp_i]
+        if same[0] == rank:
+            out.add(name)
+    return out
+
+
+def clip_grad_norm(named: dict[str, nn.Parameter], counted: set[str], mp: Axis, max_norm: float) -> float:
+    """Scale all gradients so the norm of the whole model's gradient is at most ``max_norm``, as
+    torch.nn.utils.clip_grad_norm_ does on one process. Returns the norm before clipping."""
+    sq = torch.zeros((), dtype=torch.float64)
+    for name in counted:
+        sq += named[name].grad.double().pow(2).sum()
+    if mp.group is not None:
+        dist.all_reduce(sq, group=mp.group)
+    total = math.sqrt(sq.item())
+    coef = min(max_norm / (total + 1e-6), 1.0)
+    if coef < 1.0:
+        for p in {id(p): p for p in named.values()}.values():
+            p.grad.mul_(coef)
+    return total
+
+
+@dataclass(frozen=True)
+class AdamWConfig:
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # <= 0: no clipping
+
+
+class ZeroAdamW:
+    """AdamW whose state is sharded over the dp axis (ZeRO stage 1)."""
+
+    def __init__(self, params: list[nn.Parameter], dp: Axis, cfg: AdamWConfig) -> None:
+        self.params = list({id(p): p for p in params}.values())  # a tied parameter once
+        self.dp = dp
+        self.chunks: list[nn.Parameter] = []
+        self.bounds: list[tuple[int, int, int]] = []  # (lo, hi, padded chunk size)
+        for p in self.params:
+            n = p.numel()
+            size = -(-n // dp.size)
+            lo, hi = min(dp.index * size, n), min((dp.index + 1) * size, n)
+            self.bounds.append((lo, hi, size))
+            self.chunks.append(nn.Parameter(p.detach().reshape(-1)[lo:hi].clone()))
+        self.opt = torch.optim.AdamW(self.chunks, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                     weight_decay=cfg.weight_decay, foreach=False)
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Update this rank's chunks from the (already reduced) gradients, then all-gather."""
+        for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
+            chunk.grad = p.grad.reshape(-1)[lo:hi].clone()
+        self.opt.step()
+        for p, chunk, (lo, hi, size) in zip(self.params, self.chunks, self.bounds, strict=True):
+            if self.dp.group is None:
+                p.copy_(chunk.view_as(p))
+                continue
+            mine = torch.zeros(size, dtype=p.dtype)
+            mine[:hi - lo] = chunk
+            parts = [torch.empty(size, dtype=p.dtype) for _ in range(self.dp.size)]
+            dist.all_gather(parts, mine, group=self.dp.group)
+            p.copy_(torch.cat(parts)[:p.numel()].view_as(p))
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def state_dict(self) -> dict:
+        return self.opt.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt.load_state_dict(state)
+
+    def sync_from_params(self) -> None:
+        """Re-read the chunks from the parameters (after load_local_state swapped them)."""
+        with torch.no_grad():
+            for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
+                chunk.copy_(p.reshape(-1)[lo:hi])
+
+
+def sync_grads(named: dict[str, nn.Parameter], groups: RankGroups, kv_names: list[str],
+               tied_embedding: bool) -> None:
+    """Make every local gradient the full mini-batch gradient of its slice:
+    tied embedding copies summed over the first/last stage, replicated KV heads summed over their
+    holders, then everything summed over dp."""
+    for p in named.values():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if tied_embedding and groups.tied is not None:  # pp > 1 and this is the first or last stage
+        all_reduce_grads([named["model.embed_tokens.weight"]], groups.tied)
+    all_reduce_grads([named[n] for n in kv_names], groups.kv)
+    all_reduce_grads(list({id(p): p for p in named.values()}.values()), groups.dp)

@@ -1,0 +1,254 @@
+"""``ParallelModel``: one model on one placement (dp x tp x pp on a mesh), as one rank sees it.
+
+Data contract (every method): each rank of data-parallel replica d receives replica d's rows of the
+batch (the same rows on all its tp and pp ranks); the caller splits and gathers. Outputs of a
+forward (logits, log-probs, values) live on the last pipeline stage, identical on its tp ranks
+(logits stay vocabulary-sharded); ``train_step`` returns the whole mini-batch's loss on every rank;
+``generate`` returns the replica's completions on every rank of the replica.
+
+    pm = ParallelModel.from_state(cfg, placement, GroupCache(), full_state, optim=AdamWConfig(lr=1e-4))
+    out = pm.train_step(batch, loss_fn, micro_batches=2)    # loss_fn(HeadOutputs, micro_batch) -> scalar
+    state = pm.local_state()                                # {HF name: tensor}, exactly the ShardMap slices
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import UserError
+from ..model.config import ModelConfig
+from ..realloc.shardmap import ShardMap, check_shardable, shard_map
+from .data import AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
+from .generate import pipelined_generate
+from .groups import GroupCache, RankGroups
+from .mesh import Placement
+from .pipeline import Pipe, infer, train_1f1b
+from .stage import SliceLoader, Stage, loader_from_state
+from .tensor import vocab_parallel_logprobs
+
+
+@dataclass
+class HeadOutputs:
+    """What a loss function sees for one micro-batch of b rows and S tokens (last stage only).
+
+    logprobs [b, S-1]: log p(token t+1 | tokens <= t), float32 (language models);
+    entropy [b, S-1] or None (when asked for); values [b, S] (value models)."""
+
+    logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+Batch = Mapping[str, torch.Tensor]  # at least input_ids and attention_mask [B, S]; all split on dim 0
+LossFn = Callable[[HeadOutputs, Batch], torch.Tensor]
+
+
+def split_micro(batch: Batch, n: int) -> list[dict[str, torch.Tensor]]:
+    rows = batch["input_ids"].shape[0]
+    if not 1 <= n <= rows:
+        raise UserError(f"cannot split {rows} rows into {n} micro-batches")
+    parts = {k: torch.tensor_split(v, n, dim=0) for k, v in batch.items()}
+    return [{k: parts[k][i] for k in batch} for i in range(n)]
+
+
+class ParallelModel:
+    """This rank's stage of a CausalLM (or ValueModel with ``value_head``) under ``placement``."""
+
+    def __init__(self, cfg: ModelConfig, groups: RankGroups, load: SliceLoader, value_head: bool = False,
+                 optim: AdamWConfig | None = None, timeout_s: float = 300.0) -> None:
+        """Build this rank's part; ``groups`` from ``GroupCache.for_placement(placement,
+        cfg.num_key_value_heads)`` (which every rank of the world calls). See ``create``."""
+        placement = groups.placement
+        self.cfg, self.placement, self.value_head = cfg, placement, value_head
+        self.sm: ShardMap = shard_map(cfg, placement, value_head)
+        self.groups = groups
+        self.stage = Stage(self.sm, self.groups, load)
+        self.pipe = Pipe(self.groups.pp, timeout_s, self.stage.device)
+        self.named: dict[str, nn.Parameter] = dict(self.stage.param_of)
+        self.optim_cfg = optim
+        self.optimizer = ZeroAdamW(list(self.named.values()), self.groups.dp, optim) if optim else None
+        self._counted = counted_names(self.sm, self.groups.rank)
+        kv_split = placement.layout.tp > cfg.num_key_value_heads
+        self._kv_names = [n for n in self.named if kv_split and (".k_proj." in n or ".v_proj." in n)]
+        self._tied = cfg.tie_word_embeddings and not value_head
+
+    @classmethod
+    def create(cls, cfg: ModelConfig, placement: Placement, cache: GroupCache, load: SliceLoader | None,
+               **kw) -> "ParallelModel | None":
+        """Call on EVERY rank of the world (group creation is collective): returns the model on the
+        mesh's ranks and None elsewhere. ``load(name, slice)`` is only called on mesh ranks."""
+        check_shardable(cfg, placement)
+        groups = cache.for_placement(placement, cfg.num_key_value_heads)
+        return None if groups is None else cls(cfg, groups, load, **kw)
+
+    @classmethod
+    def from_state(cls, cfg: ModelConfig, placement: Placement, cache: GroupCache,
+                   state: Mapping[str, torch.Tensor] | None, **kw) -> "ParallelModel | None":
+        """``create`` from a full (HF-named) state dict, e.g. ``build_model(cfg, seed).state_dict()``
+        (ranks outside the mesh may pass None)."""
+        return cls.create(cfg, placement, cache, None if state is None else loader_from_state(state), **kw)
+
+    # ---- forward passes --------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.named.values())).dtype
+
+    def _hidden_shape(self, micro: list[dict[str, torch.Tensor]]) -> Callable[[int], tuple[int, ...]]:
+        return lambda i: (*micro[i]["input_ids"].shape, self.cfg.hidden_size)
+
+    def _run_stage(self, mb: Batch, x: torch.Tensor | None) -> torch.Tensor:
+        return self.stage(mb["input_ids"] if self.stage.first else x, mb["attention_mask"])
+
+    def _head(self, h: torch.Tensor, mb: Batch, entropy: bool) -> HeadOutputs:
+        if self.value_head:
+            return HeadOutputs(values=self.stage.head(h).squeeze(-1))
+        logits = self.stage.head(h[:, :-1])  # [b, S-1, V/tp]
+        lp, ent = vocab_parallel_logprobs(logits, mb["input_ids"][:, 1:], self.groups.tp,
+                                          self.stage.vocab_start, entropy)
+        return HeadOutputs(logprobs=lp, entropy=ent)
+
+    def _forward(self, batch: Batch, micro_batches: int, last_fn: Callable[[torch.Tensor, Batch], torch.Tensor]
+                 ) -> torch.Tensor | None:
+        micro = split_micro(batch, micro_batches)
+
+        def step(i: int, x: torch.Tensor | None) -> torch.Tensor:
+            h = self._run_stage(micro[i], x)
+            return last_fn(h, micro[i]) if self.stage.last else h
+
+        with torch.no_grad():
+            outs = infer(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
+        return torch.cat(outs) if outs else None
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batches: int = 1
+               ) -> torch.Tensor | None:
+        """-> this tp rank's vocabulary slice of the logits [B, S, V/tp] (last stage; None elsewhere)."""
+        if self.value_head:
+            raise UserError("logits: this is a value model; use values()")
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        return self._forward(batch, micro_batches, lambda h, mb: self.stage.head(h))
+
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batches: int = 1,
+                 entropy: bool = False) -> torch.Tensor | None:
+        """-> log-probs [B, S-1] (with entropy: [2, B, S-1]) on the last stage; None elsewhere."""
+        if self.value_head:
+            raise UserError("logprobs: this is a value model; use values()")
+
+        def last(h: torch.Tensor, mb: Batch) -> torch.Tensor:
+            out = self._head(h, mb, entropy)
+            return torch.stack([out.logprobs, out.entropy], 1) if entropy else out.logprobs
+
+        out = self._forward({"input_ids": input_ids, "attention_mask": attention_mask}, micro_batches, last)
+        return out.transpose(0, 1) if out is not None and entropy else out
+
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batches: int = 1
+               ) -> torch.Tensor | None:
+        """-> values [B, S] on the last stage (value models); None elsewhere."""
+        if not self.value_head:
+            raise UserError("values: this is a language model; use logprobs()")
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        return self._forward(batch, micro_batches, lambda h, mb: self.stage.head(h).squeeze(-1))
+
+    # ---- training -------------------------------------------------------------------------
+    def forward_backward(self, batch: Batch, loss_fn: LossFn, micro_batches: int = 1,
+                         entropy: bool = False) -> float:
+        """Accumulate the mini-batch gradient into every local parameter's ``.grad`` (complete and
+        identical on the holders of a slice, after the tied/kv/dp reductions). ``loss_fn`` must
+        normalise by the whole mini-batch (see data.py). Returns the mini-batch loss on every rank."""
+        micro = split_micro(batch, micro_batches)
+
+        def step(i: int, x: torch.Tensor | None) -> torch.Tensor:
+            h = self._run_stage(micro[i], x)
+            return loss_fn(self._head(h, micro[i], entropy), micro[i]) if self.stage.last else h
+
+        losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
+        sync_grads(self.named, self.groups, self._kv_names, self._tied)
+        loss = torch.stack(losses).sum().double() if losses else torch.zeros((), dtype=torch.float64)
+        if self.groups.dp.group is not None:
+            dist.all_reduce(loss, group=self.groups.dp.group)
+        return float(self.pipe.broadcast_from_last(loss).item())
+
+    def optimizer_step(self) -> float:
+        """Clip the whole model's gradient norm, update with ZeRO-1 AdamW, clear the gradients.
+        Returns the gradient norm before clipping (same on every rank)."""
+        if self.optimizer is None:
+            raise UserError("this ParallelModel was built without an optimizer (optim=AdamWConfig(...))")
+        norm = clip_grad_norm(self.named, self._counted, self.groups.mp, self.optim_cfg.max_grad_norm) \
+            if self.optim_cfg.max_grad_norm > 0 else float("nan")
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return norm
+
+    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batches: int = 1, entropy: bool = False
+                   ) -> dict[str, float]:
+        loss = self.forward_backward(batch, loss_fn, micro_batches, entropy)
+        return {"loss": loss, "grad_norm": self.optimizer_step()}
+
+    def generate(self, prompts: list[list[int]], gen_cfg, seeds: list[int] | None = None):
+        """Pipelined / tensor-parallel generation; see generate.py. -> GenerationOutput."""
+        if self.value_head:
+            raise UserError("generate: a value model cannot generate")
+        return pipelined_generate(self.stage, self.pipe, self.groups.tp, prompts, gen_cfg, seeds)
+
+    # ---- parameters, for reallocation and checkpoints ---------------------------------------
+    def local_state(self) -> dict[str, torch.Tensor]:
+        """{HF name: this rank's shard} with exactly the ShardMap slices (views of the live params)."""
+        return {name: p.detach() for name, p in self.named.items()}
+
+    def local_grads(self) -> dict[str, torch.Tensor]:
+        return {name: p.grad for name, p in self.named.items() if p.grad is not None}
+
+    @torch.no_grad()
+    def load_local_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite this rank's shards (same names and shapes as ``local_state``)."""
+        if set(state) != set(self.named):
+            missing, extra = sorted(set(self.named) - set(state)), sorted(set(state) - set(self.named))
+            raise UserError(f"load_local_state on rank {self.groups.rank}: missing {missing}, unexpected {extra}")
+        for name, t in state.items():
+            p = self.named[name]
+            if tuple(t.shape) != tuple(p.shape):
+                raise UserError(f"load_local_state: {name} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
+            p.copy_(t)
+        if self.optimizer is not None:
+            self.optimizer.sync_from_params()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Gather the full model onto the mesh's first rank (returned there; None elsewhere).
+        Only data-parallel replica 0 takes part; the others return at once."""
+        return gather_full_state(self.sm, self.groups, self.local_state(), self.pipe.timeout)
+
+
+def gather_full_state(sm: ShardMap, groups: RankGroups, local: Mapping[str, torch.Tensor], timeout
+                      ) -> dict[str, torch.Tensor] | None:
+    """Each distinct slice of replica 0 is sent once by its first holder to the mesh's first rank."""
+    if groups.dp.index != 0:
+        return None
+    dst, me = sm.placement.mesh.ranks[0], groups.rank
+    out: dict[str, torch.Tensor] = {}
+    pending = []
+    for name, shape in sm.shapes.items():
+        seen: set = set()
+        full = torch.empty(shape, dtype=next(iter(local.values())).dtype) if me == dst else None
+        for r, sl in sm.holders(name):
+            if sm.placement.coords_of(r)[0] != 0 or sl in seen:
+                continue
+            seen.add(sl)
+            idx = tuple(slice(a, b) for a, b in sl)
+            if r == me == dst:
+                full[idx] = local[name]
+            elif me == dst:
+                buf = torch.empty(tuple(b - a for a, b in sl), dtype=full.dtype)
+                dist.irecv(buf, src=r, group=groups.mp.group).wait(timeout)
+                full[idx] = buf
+            elif r == me:
+                t = local[name].contiguous()
+                pending.append((dist.isend(t, dst=dst, group=groups.mp.group), t))
+        if full is not None:
+            out[name] = full
+    for work, _ in pending:
+        work.wait(timeout)
+    return out if me == dst else None

@@ -1,0 +1,106 @@
+"""One rank's piece of a model: its pipeline stage's layers, holding its tensor-parallel shards.
+
+The piece is built from the plain modules of meshrl/model/transformer.py (on the meta device, then
+given real tensors), so it computes exactly what the single-process model computes. Which slice of
+which parameter lives here comes from the ShardMap and nowhere else; ``param_of`` maps each HF name
+the ShardMap gives this rank to the local ``nn.Parameter`` (layer indices are global in the names,
+local in the module list).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+from torch import nn
+
+from ..model.transformer import Backbone
+from ..realloc.shardmap import ShardMap, Slice
+from .groups import RankGroups
+from .mesh import stage_layers
+from .tensor import VocabParallelEmbedding, register_tp_hooks
+
+# full-tensor name -> the slice of it this rank needs (a loader may read only that slice from disk)
+SliceLoader = Callable[[str, Slice], torch.Tensor]
+
+
+def cut(full: torch.Tensor, sl: Slice) -> torch.Tensor:
+    """The ShardMap slice of a full tensor, as a new contiguous tensor."""
+    return full[tuple(slice(a, b) for a, b in sl)].clone().contiguous()
+
+
+def loader_from_state(state: Mapping[str, torch.Tensor]) -> SliceLoader:
+    """A SliceLoader over a full state dict (e.g. ``build_model(cfg, seed).state_dict()``)."""
+    return lambda name, sl: cut(state[name], sl)
+
+
+class Stage(nn.Module):
+    """Layers ``layers`` of the model plus the embedding (first stage) and head (last stage).
+
+    ``model`` is a Backbone whose ``embed_tokens``/``norm`` are None where this stage lacks them;
+    ``head`` is ``lm_head`` (vocabulary-parallel) or ``score`` (replicated), or None."""
+
+    def __init__(self, sm: ShardMap, groups: RankGroups, load: SliceLoader) -> None:
+        super().__init__()
+        cfg, lay = sm.cfg, sm.placement.layout
+        _, tp_i, pp_i = groups.coords
+        self.layers = stage_layers(cfg.num_hidden_layers, lay.pp)[pp_i]
+        self.first, self.last = pp_i == 0, pp_i == lay.pp - 1
+        self.value_head = sm.value_head
+        self.vocab_start = tp_i * (cfg.vocab_size // lay.tp)
+        self.groups = groups
+        with torch.device("meta"):
+            self.model = Backbone(cfg.replace(num_hidden_layers=len(self.layers)))
+            self.head: nn.Linear | None = None
+            if self.last:
+                self.head = nn.Linear(cfg.hidden_size, 1 if sm.value_head else cfg.vocab_size, bias=False)
+        self.model.embed_tokens = None
+        if not self.last:
+            self.model.norm = None
+        self.param_of: dict[str, nn.Parameter] = {}
+        for name, sl in sm.params_of(groups.rank).items():
+            self._place(name, load(name, sl))
+        missing = [n for n, p in self.named_parameters() if p.is_meta]
+        if missing:  # a ShardMap / module mismatch: fail loudly rather than compute on meta tensors
+            raise RuntimeError(f"rank {groups.rank}: parameters {missing} were not given a shard")
+        register_tp_hooks(self.model.layers, None if sm.value_head else self.head, groups.tp)
+
+    def _place(self, name: str, tensor: torch.Tensor) -> None:
+        """Put the shard of HF parameter ``name`` where this stage's modules use it."""
+        if name == "model.embed_tokens.weight":
+            if self.first:
+                if self.groups.tp.size == 1:
+                    self.model.embed_tokens = nn.Embedding.from_pretrained(tensor, freeze=False)
+                else:
+                    self.model.embed_tokens = VocabParallelEmbedding(tensor, self.vocab_start, self.groups.tp)
+                param = self.model.embed_tokens.weight
+                if self.last and self.head.weight.is_meta and not self.value_head:
+                    self.head.weight = param  # tied, one stage: one parameter, autograd sums the uses
+                self.param_of[name] = param
+                return
+            owner, attr = self.head, "weight"  # tied head on the last stage (pp > 1)
+        elif name in ("lm_head.weight", "score.weight"):
+            owner, attr = self.head, "weight"
+        else:
+            path = name.split(".")
+            if path[1] == "layers":
+                path[2] = str(int(path[2]) - self.layers.start)
+            owner = self.get_submodule(".".join(path[:-1]))
+            attr = path[-1]
+        param = nn.Parameter(tensor)
+        setattr(owner, attr, param)
+        self.param_of[name] = param
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.param_of.values())).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.param_of.values())).device
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, caches: list | None = None,
+                start: int = 0) -> torch.Tensor:
+        """x: input_ids [B, S] (first stage) or hidden [B, S, hidden]; attention_mask [B, start+S].
+        -> hidden [B, S, hidden] (normed on the last stage; the head is applied by the caller)."""
+        return self.model(x, attention_mask, caches, start)

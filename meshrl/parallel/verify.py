@@ -1,0 +1,224 @@
+"""Compare a model under a placement with the same model on one process (``meshrl check parallel``
+and tests/parallel use this).
+
+Every rank computes the single-process oracle itself (deterministic on CPU, cached per process),
+runs its part of the parallel model, and compares its own shards with the matching ShardMap slices
+of the oracle, so only a few numbers travel back to the caller. Compared: logits (this rank's
+vocabulary slice of its replica's rows), per-token log-probs, the loss and the gradients of the
+first step (before clipping), the parameters after ``steps`` AdamW steps (with clipping), and greedy
+generations. A difference is ``max|parallel - oracle| / max|oracle|`` per tensor (relative to the
+tensor's scale), the largest over tensors and ranks.
+
+The process-level state below (one GroupCache, the oracle) belongs to the worker process that the
+harness started; the parallel code itself receives the groups explicitly.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ..model.config import ModelConfig, param_shapes
+from .data import AdamWConfig
+from .groups import GroupCache
+from .mesh import Placement
+
+TOLERANCE = 1e-5  # float32; differences come only from the order of the tp/dp/micro-batch sums
+
+_PROCESS: dict = {}  # "groups": GroupCache, ("oracle", key): results; see the module docstring
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One deterministic test case: a model (preset name or checkpoint dir, or a config), a batch,
+    prompts, and the training settings."""
+
+    model: str | ModelConfig = "tiny"
+    seed: int = 0
+    rows: int = 8
+    seq: int = 12
+    steps: int = 2
+    gen_tokens: int = 6
+    value_head: bool = False
+    optim: AdamWConfig = field(default_factory=lambda: AdamWConfig(lr=1e-5, weight_decay=0.01, max_grad_norm=1.0))
+
+    def config(self) -> ModelConfig:
+        if isinstance(self.model, ModelConfig):
+            return self.model
+        if os.path.isdir(self.model):
+            from ..model.checkpoint import read_config
+            return read_config(self.model)[0]
+        from ..model.presets import get_preset
+        return get_preset(self.model)
+
+    def build(self) -> torch.nn.Module:
+        from ..model.checkpoint import build_model, load_pretrained
+        if isinstance(self.model, str) and os.path.isdir(self.model):
+            return load_pretrained(self.model, value_head=self.value_head)
+        return build_model(self.config(), seed=self.seed, value_head=self.value_head)
+
+    def batch(self) -> dict[str, torch.Tensor]:
+        """input_ids, attention_mask [rows, seq] with rows of different lengths, padded on the left
+        (even rows) or the right (odd rows), and loss_mask [rows, seq-1] over real targets."""
+        gen = torch.Generator().manual_seed(self.seed + 1)
+        ids = torch.randint(0, self.config().vocab_size, (self.rows, self.seq), generator=gen)
+        mask = torch.zeros(self.rows, self.seq, dtype=torch.long)
+        for i in range(self.rows):
+            n = self.seq - (i % 4)
+            if i % 2 == 0:
+                mask[i, self.seq - n:] = 1
+            else:
+                mask[i, :n] = 1
+        ids = ids.masked_fill(mask == 0, 0)
+        loss_mask = (mask[:, 1:] * mask[:, :-1]).float()
+        return {"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}
+
+    def prompts(self) -> list[list[int]]:
+        gen = torch.Generator().manual_seed(self.seed + 2)
+        v = self.config().vocab_size
+        return [torch.randint(0, v, (3 + i % 4,), generator=gen).tolist() for i in range(self.rows)]
+
+
+def token_loss(out, mb: dict[str, torch.Tensor], n_tokens: float) -> torch.Tensor:
+    """Cross-entropy summed over the micro-batch's real targets / tokens of the WHOLE mini-batch
+    (or, for a value model, squared values summed the same way)."""
+    if out.values is not None:
+        return (out.values[:, 1:].pow(2) * mb["loss_mask"]).sum() / n_tokens
+    return -(out.logprobs * mb["loss_mask"]).sum() / n_tokens
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+def oracle(probe: Probe) -> dict:
+    """The single-process results (cached per process)."""
+    key = ("oracle", probe)
+    if key in _PROCESS:
+        return _PROCESS[key]
+    from ..model.generation import GenerationConfig, generate, sequence_logprobs
+    from .model import HeadOutputs
+
+    model, batch = probe.build(), probe.batch()
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    out: dict = {}
+    with torch.no_grad():
+        if probe.value_head:
+            out["values"] = model(ids, mask)
+        else:
+            out["logits"] = model(ids, mask)
+            out["logprobs"] = sequence_logprobs(model, ids, mask)
+            gcfg = GenerationConfig(max_new_tokens=probe.gen_tokens, greedy=True, pad_token_id=0)
+            out["tokens"] = generate(model, probe.prompts(), gcfg).responses
+    o = probe.optim
+    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                            foreach=False)
+    named = dict(model.named_parameters())
+    n_tokens = float(batch["loss_mask"].sum())
+    out["loss"] = []
+    for step in range(probe.steps):
+        lp = None if probe.value_head else sequence_logprobs(model, ids, mask)
+        vals = model(ids, mask) if probe.value_head else None
+        loss = token_loss(HeadOutputs(logprobs=lp, values=vals), batch, n_tokens)
+        loss.backward()
+        out["loss"].append(loss.item())
+        if step == 0:
+            out["grads"] = {n: named[n].grad.clone() for n in param_shapes(probe.config(), probe.value_head)}
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o.max_grad_norm, foreach=False)
+        opt.step()
+        opt.zero_grad()
+    out["params"] = {n: named[n].detach().clone() for n in param_shapes(probe.config(), probe.value_head)}
+    _PROCESS[key] = out
+    return out
+
+
+def _rows(t: torch.Tensor, dp: int, d: int) -> torch.Tensor:
+    return torch.tensor_split(t, dp, dim=0)[d]
+
+
+def _max_slice_diff(local: dict[str, torch.Tensor], full: dict[str, torch.Tensor], slices: dict) -> float:
+    worst = 0.0
+    for name, sl in slices.items():
+        worst = max(worst, rel_diff(local[name], full[name][tuple(slice(a, b) for a, b in sl)]))
+    return worst
+
+
+def run_layout(probe: Probe, placement_text: str, micro_batches: int = 2) -> dict | None:
+    """Worker side (call on every rank of the world): run ``probe`` under the placement and return
+    this rank's differences from the oracle; None on ranks outside the mesh."""
+    from ..model.generation import GenerationConfig
+    from .model import ParallelModel
+
+    placement = Placement.parse(placement_text)
+    cache = _PROCESS.setdefault("groups", GroupCache())
+    if dist.get_rank() not in placement.mesh:
+        cache.for_placement(placement, probe.config().num_key_value_heads)  # collective: see groups.py
+        return None
+    ref, cfg, batch = oracle(probe), probe.config(), probe.batch()
+    model = probe.build()
+    pm = ParallelModel.from_state(cfg, placement, cache, model.state_dict(), value_head=probe.value_head,
+                                  optim=probe.optim)
+    dp_n, (d, t, _) = placement.layout.dp, placement.coords_of(dist.get_rank())
+    mine = {k: _rows(v, dp_n, d) for k, v in batch.items()}
+    m = min(micro_batches, mine["input_ids"].shape[0])
+    ids, mask = mine["input_ids"], mine["attention_mask"]
+    res: dict = {"rank": dist.get_rank(), "layout": str(placement.layout)}
+    vocab = cfg.vocab_size // placement.layout.tp
+    if probe.value_head:
+        vals = pm.values(ids, mask, m)
+        if vals is not None:
+            res["values"] = rel_diff(vals, _rows(ref["values"], dp_n, d))
+    else:
+        logits = pm.logits(ids, mask, m)
+        if logits is not None:
+            res["logits"] = rel_diff(logits, _rows(ref["logits"], dp_n, d)[..., t * vocab:(t + 1) * vocab])
+            res["logprobs"] = rel_diff(pm.logprobs(ids, mask, m), _rows(ref["logprobs"], dp_n, d))
+        else:
+            pm.logprobs(ids, mask, m)  # the other stages take part in the pipeline
+    loss_fn = functools.partial(token_loss, n_tokens=float(batch["loss_mask"].sum()))
+    slices = pm.sm.params_of(dist.get_rank())
+    losses = []
+    for step in range(probe.steps):
+        losses.append(pm.forward_backward(mine, loss_fn, m))
+        if step == 0:
+            res["grads"] = _max_slice_diff(pm.local_grads(), ref["grads"], slices)
+        pm.optimizer_step()
+    res["loss"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref["loss"], strict=True))
+    res["params"] = _max_slice_diff(pm.local_state(), ref["params"], slices)
+    if not probe.value_head:
+        initial = model.state_dict()
+        pm.load_local_state({n: cut_full(initial[n], sl) for n, sl in slices.items()})
+        gcfg = GenerationConfig(max_new_tokens=probe.gen_tokens, greedy=True, pad_token_id=0)
+        out = pm.generate(_rows_list(probe.prompts(), dp_n, d), gcfg)
+        res["generate_equal"] = bool(torch.equal(out.responses, _rows(ref["tokens"], dp_n, d)))
+    return res
+
+
+def cut_full(full: torch.Tensor, sl) -> torch.Tensor:
+    return full[tuple(slice(a, b) for a, b in sl)]
+
+
+def _rows_list(items: list, dp: int, d: int) -> list:
+    idx = torch.tensor_split(torch.arange(len(items)), dp)[d].tolist()
+    return [items[i] for i in idx]
+
+
+def summarize(placement_text: str, per_rank: list[dict | None]) -> dict:
+    """Fold the per-rank answers of one placement into the DESIGN.md record."""
+    got = [r for r in per_rank if r is not None]
+    worst = {k: max((r[k] for r in got if k in r), default=0.0)
+             for k in ("logits", "logprobs", "values", "grads", "params", "loss")}
+    placement = Placement.parse(placement_text)
+    rec = {"layout": str(placement.layout), "ranks": list(placement.mesh.ranks),
+           "logits_max_rel_diff": max(worst["logits"], worst["values"]),
+           "logprobs_max_rel_diff": worst["logprobs"], "loss_max_rel_diff": worst["loss"],
+           "grads_max_rel_diff": worst["grads"], "params_max_rel_diff": worst["params"],
+           "generate_equal": all(r.get("generate_equal", True) for r in got)}
+    rec["ok"] = rec["generate_equal"] and all(
+        rec[k] <= TOLERANCE for k in ("logits_max_rel_diff", "logprobs_max_rel_diff", "loss_max_rel_diff",
+                                      "grads_max_rel_diff", "params_max_rel_diff"))
+    return rec
