@@ -54,10 +54,11 @@ def counted_names(sm: ShardMap, rank: int) -> set[str]:
 
 def clip_grad_norm(named: dict[str, nn.Parameter], counted: set[str], mp: Axis, max_norm: float) -> float:
     """Scale all gradients so the norm of the whole model's gradient is at most ``max_norm``, as
-    torch.nn.utils.clip_grad_norm_ does on one process. Returns the norm before clipping."""
+    torch.nn.utils.clip_grad_norm_ does on one process (per-tensor norms, then the norm of those).
+    Returns the norm before clipping."""
     sq = torch.zeros((), dtype=torch.float64)
-    for name in counted:
-        sq += named[name].grad.double().pow(2).sum()
+    for name in sorted(counted):
+        sq += torch.linalg.vector_norm(named[name].grad, 2).double() ** 2
     if mp.group is not None:
         dist.all_reduce(sq, group=mp.group)
     total = math.sqrt(sq.item())
@@ -78,7 +79,10 @@ class AdamWConfig:
 
 
 class ZeroAdamW:
-    """AdamW whose state is sharded over the dp axis (ZeRO stage 1)."""
+    """AdamW whose state is sharded over the dp axis (ZeRO stage 1).
+
+    Each rank's chunk is a view into its own parameter storage, so torch's AdamW updates the
+    parameter in place and, with dp = 1, nothing is copied at all."""
 
     def __init__(self, params: list[nn.Parameter], dp: Axis, cfg: AdamWConfig) -> None:
         self.params = list({id(p): p for p in params}.values())  # a tied parameter once
@@ -90,7 +94,7 @@ class ZeroAdamW:
             size = -(-n // dp.size)
             lo, hi = min(dp.index * size, n), min((dp.index + 1) * size, n)
             self.bounds.append((lo, hi, size))
-            self.chunks.append(nn.Parameter(p.detach().reshape(-1)[lo:hi].clone()))
+            self.chunks.append(nn.Parameter(p.detach().view(-1)[lo:hi]))
         self.opt = torch.optim.AdamW(self.chunks, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay, foreach=False)
 
@@ -100,19 +104,19 @@ class ZeroAdamW:
 
     @torch.no_grad()
     def step(self) -> None:
-        """Update this rank's chunks from the (already reduced) gradients, then all-gather."""
+        """Update this rank's chunks (in place, in the parameters) from the already reduced
+        gradients, then all-gather the other ranks' chunks."""
         for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
-            chunk.grad = p.grad.reshape(-1)[lo:hi].clone()
+            chunk.grad = p.grad.view(-1)[lo:hi]
         self.opt.step()
-        for p, chunk, (lo, hi, size) in zip(self.params, self.chunks, self.bounds, strict=True):
-            if self.dp.group is None:
-                p.copy_(chunk.view_as(p))
-                continue
-            mine = torch.zeros(size, dtype=p.dtype)
-            mine[:hi - lo] = chunk
-            parts = [torch.empty(size, dtype=p.dtype) for _ in range(self.dp.size)]
+        if self.dp.group is None:
+            return
+        for p, (lo, hi, size) in zip(self.params, self.bounds, strict=True):
+            mine = torch.zeros(size, dtype=p.dtype, device=p.device)
+            mine[:hi - lo] = p.view(-1)[lo:hi]
+            parts = [torch.empty_like(mine) for _ in range(self.dp.size)]
             dist.all_gather(parts, mine, group=self.dp.group)
-            p.copy_(torch.cat(parts)[:p.numel()].view_as(p))
+            p.view(-1).copy_(torch.cat(parts)[:p.numel()])
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -123,12 +127,6 @@ class ZeroAdamW:
 
     def load_state_dict(self, state: dict) -> None:
         self.opt.load_state_dict(state)
-
-    def sync_from_params(self) -> None:
-        """Re-read the chunks from the parameters (after load_local_state swapped them)."""
-        with torch.no_grad():
-            for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
-                chunk.copy_(p.reshape(-1)[lo:hi])
 
 
 def sync_grads(named: dict[str, nn.Parameter], groups: RankGroups, kv_names: list[str],

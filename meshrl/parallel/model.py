@@ -212,9 +212,7 @@ class ParallelModel:
             p = self.named[name]
             if tuple(t.shape) != tuple(p.shape):
                 raise UserError(f"load_local_state: {name} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
-            p.copy_(t)
-        if self.optimizer is not None:
-            self.optimizer.sync_from_params()
+            p.copy_(t)  # in place: the optimizer's chunks are views of these parameters
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Gather the full model onto the mesh's first rank (returned there; None elsewhere).

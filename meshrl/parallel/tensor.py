@@ -97,6 +97,12 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, axis: A
     logprobs [B, S] float32 and entropy [B, S] float32 or None, identical on every tp rank.
     Differentiable; no rank ever holds more than its own V/tp columns."""
     z = logits.float()
+    if axis.group is None:  # one tp rank: exactly what the single-process model computes
+        lse = torch.logsumexp(z, dim=-1)
+        logprobs = z.gather(-1, targets[..., None]).squeeze(-1) - lse
+        if not entropy:
+            return logprobs, None
+        return logprobs, lse - (z.softmax(-1) * z).sum(-1)
     # The max is only a shift for stability; it carries no gradient.
     m = _all_reduce(z.detach().amax(-1), axis, dist.ReduceOp.MAX)
     shifted = z - m[..., None]

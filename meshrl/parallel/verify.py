@@ -147,21 +147,37 @@ def _max_slice_diff(local: dict[str, torch.Tensor], full: dict[str, torch.Tensor
     return worst
 
 
+def run_jobs(jobs: list[tuple[Probe, str]], micro_batches: int = 2) -> tuple[int, dict] | None:
+    """Worker side (call on every rank of the world): run each (probe, placement) job on its mesh,
+    all at the same time (the meshes must be disjoint). Returns (job index, this rank's differences
+    from the oracle), or None on ranks outside every mesh."""
+    placements = [Placement.parse(text) for _, text in jobs]
+    cache = _PROCESS.setdefault("groups", GroupCache())
+    for (probe, _), placement in zip(jobs, placements, strict=True):  # collective, in one order
+        cache.for_placement(placement, probe.config().num_key_value_heads)
+    mine = [i for i, pl in enumerate(placements) if dist.get_rank() in pl.mesh]
+    if len(mine) > 1:
+        raise ValueError(f"rank {dist.get_rank()} is in several meshes of {[t for _, t in jobs]}")
+    if not mine:
+        return None
+    probe, placement = jobs[mine[0]][0], placements[mine[0]]
+    return mine[0], _run_one(probe, placement, cache, micro_batches)
+
+
 def run_layout(probe: Probe, placement_text: str, micro_batches: int = 2) -> dict | None:
-    """Worker side (call on every rank of the world): run ``probe`` under the placement and return
-    this rank's differences from the oracle; None on ranks outside the mesh."""
+    """``run_jobs`` with one job: this rank's differences, or None outside the mesh."""
+    out = run_jobs([(probe, placement_text)], micro_batches)
+    return None if out is None else out[1]
+
+
+def _run_one(probe: Probe, placement: Placement, cache: GroupCache, micro_batches: int) -> dict:
     from ..model.generation import GenerationConfig
     from .model import ParallelModel
 
-    placement = Placement.parse(placement_text)
-    cache = _PROCESS.setdefault("groups", GroupCache())
-    if dist.get_rank() not in placement.mesh:
-        cache.for_placement(placement, probe.config().num_key_value_heads)  # collective: see groups.py
-        return None
     ref, cfg, batch = oracle(probe), probe.config(), probe.batch()
     model = probe.build()
-    pm = ParallelModel.from_state(cfg, placement, cache, model.state_dict(), value_head=probe.value_head,
-                                  optim=probe.optim)
+    initial = model.state_dict()
+    pm = ParallelModel.from_state(cfg, placement, cache, initial, value_head=probe.value_head, optim=probe.optim)
     dp_n, (d, t, _) = placement.layout.dp, placement.coords_of(dist.get_rank())
     mine = {k: _rows(v, dp_n, d) for k, v in batch.items()}
     m = min(micro_batches, mine["input_ids"].shape[0])
@@ -189,8 +205,12 @@ def run_layout(probe: Probe, placement_text: str, micro_batches: int = 2) -> dic
         pm.optimizer_step()
     res["loss"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref["loss"], strict=True))
     res["params"] = _max_slice_diff(pm.local_state(), ref["params"], slices)
+    res["optim_numel"] = sum(c.numel() for c in pm.optimizer.chunks)
+    res["param_numel"] = sum(p.numel() for p in pm.optimizer.params)
+    full = pm.full_state_dict()
+    if full is not None:
+        res["full_state"] = max(rel_diff(full[n], ref["params"][n]) for n in ref["params"])
     if not probe.value_head:
-        initial = model.state_dict()
         pm.load_local_state({n: cut_full(initial[n], sl) for n, sl in slices.items()})
         gcfg = GenerationConfig(max_new_tokens=probe.gen_tokens, greedy=True, pad_token_id=0)
         out = pm.generate(_rows_list(probe.prompts(), dp_n, d), gcfg)
@@ -211,12 +231,12 @@ def summarize(placement_text: str, per_rank: list[dict | None]) -> dict:
     """Fold the per-rank answers of one placement into the DESIGN.md record."""
     got = [r for r in per_rank if r is not None]
     worst = {k: max((r[k] for r in got if k in r), default=0.0)
-             for k in ("logits", "logprobs", "values", "grads", "params", "loss")}
+             for k in ("logits", "logprobs", "values", "grads", "params", "loss", "full_state")}
     placement = Placement.parse(placement_text)
     rec = {"layout": str(placement.layout), "ranks": list(placement.mesh.ranks),
            "logits_max_rel_diff": max(worst["logits"], worst["values"]),
            "logprobs_max_rel_diff": worst["logprobs"], "loss_max_rel_diff": worst["loss"],
-           "grads_max_rel_diff": worst["grads"], "params_max_rel_diff": worst["params"],
+           "grads_max_rel_diff": worst["grads"], "params_max_rel_diff": max(worst["params"], worst["full_state"]),
            "generate_equal": all(r.get("generate_equal", True) for r in got)}
     rec["ok"] = rec["generate_equal"] and all(
         rec[k] <= TOLERANCE for k in ("logits_max_rel_diff", "logprobs_max_rel_diff", "loss_max_rel_diff",
