@@ -71,6 +71,14 @@ def score(problem: Problem, plan: ExecutionPlan, threshold: float = INFEASIBLE) 
     """Simulated iteration time, or infinity for a plan over memory capacity. Reallocations not
     costed yet are costed (link_bytes is the slow part) only if the plan, with them taken as free,
     would beat ``threshold``; otherwise that optimistic time, already >= threshold, is returned."""
+    if threshold < INFEASIBLE:
+        load = [0.0] * problem.cluster.size  # each device runs its calls one after another
+        for name, cp in plan.calls.items():
+            t = problem.call_estimate(name, cp).time_s
+            for r in cp.mesh.ranks:
+                load[r] += t
+        if max(load) >= threshold:
+            return max(load)
     if not problem.feasible(plan):
         return INFEASIBLE
     problem.optimistic = True
@@ -100,41 +108,75 @@ def _all_candidates(problem: Problem) -> dict[str, list[CallPlan]]:
     return cands
 
 
+def _on_mesh(cands: list[CallPlan], mesh) -> CallPlan | None:
+    """The fastest candidate on ``mesh`` (candidates are sorted fastest first)."""
+    return next((c for c in cands if c.mesh == mesh), None)
+
+
 def _move(problem: Problem, plan: ExecutionPlan, cands: dict[str, list[CallPlan]], rng: random.Random
           ) -> ExecutionPlan:
-    """One random change: a call to a random candidate, to another candidate on its mesh, onto the
-    placement of another call (removing a reallocation), or a whole role onto one placement."""
-    names = problem.graph.names
-    name = rng.choice(names)
+    """One random change: a call to a random candidate, or to another layout on its mesh, or onto
+    another call's mesh; a whole role onto one placement (no reallocation between its calls); or a
+    call and its siblings (calls reading the same parents) onto one mesh, to run side by side."""
+    graph = problem.graph
+    name = rng.choice(graph.names)
     cur = plan.calls[name]
     kind = rng.random()
     calls = dict(plan.calls)
-    if kind < 0.4:
+    if kind < 0.3:
         calls[name] = rng.choice(cands[name])
-    elif kind < 0.7:
-        same = [c for c in cands[name] if c.mesh == cur.mesh] or cands[name]
-        calls[name] = rng.choice(same)
-    elif kind < 0.85:
-        other = plan.calls[rng.choice(names)]
-        match = [c for c in cands[name] if c.mesh == other.mesh and c.layout == other.layout]
-        if match:
-            calls[name] = rng.choice(match)
-    else:
+    elif kind < 0.5:
+        calls[name] = rng.choice([c for c in cands[name] if c.mesh == cur.mesh] or cands[name])
+    elif kind < 0.65:
+        calls[name] = _on_mesh(cands[name], plan.calls[rng.choice(graph.names)].mesh) or cur
+    elif kind < 0.8:
         role = problem.specs[name].role
         pick = rng.choice(cands[name])
-        for n in names:
+        for n in graph.names:
             if problem.specs[n].role == role:
                 match = [c for c in cands[n] if c.mesh == pick.mesh and c.layout == pick.layout]
-                if match:
-                    calls[n] = match[0]
+                calls[n] = match[0] if match else calls[n]
+    else:
+        used = [cp.mesh for cp in plan.calls.values()]
+        mesh = rng.choice(used) if rng.random() < 0.5 else rng.choice(cands[name]).mesh
+        parents = set(graph.parents(name))
+        for n in graph.names:
+            if set(graph.parents(n)) == parents:
+                calls[n] = _on_mesh(cands[n], mesh) or calls[n]
     return replace(plan, calls=calls)
+
+
+def _descend(problem: Problem, plan: ExecutionPlan, cost: float, cands: dict[str, list[CallPlan]],
+             rng: random.Random, deadline: float) -> tuple[ExecutionPlan, float, int]:
+    """Coordinate descent: for each call in random order try every candidate, keep the best;
+    repeat until a full sweep improves nothing (or the deadline passes)."""
+    evals, improved = 0, True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        names = list(problem.graph.names)
+        rng.shuffle(names)
+        for name in names:
+            for cp in cands[name]:
+                if cp == plan.calls[name]:
+                    continue
+                cand = replace(plan, calls={**plan.calls, name: cp})
+                c = score(problem, cand, cost)
+                evals += 1
+                if c < cost * (1 - 1e-9):
+                    plan, cost, improved = cand, c, True
+                if time.perf_counter() >= deadline:
+                    return plan, cost, evals
+    return plan, cost, evals
 
 
 def search(problem: Problem, budget_s: float = 5.0, seed: int = 0, max_evals: int | None = None,
            seeds: list[ExecutionPlan] | None = None) -> SearchResult:
-    """Simulated annealing from every strategy's plan (chains take turns), under a time budget
-    (and an evaluation cap, for reproducible tests). Returns the best feasible plan seen."""
+    """Iterated local search: from every strategy's plan (and the all-fastest one), coordinate
+    descent to a local optimum; then, until the budget (seconds, or evaluations for reproducible
+    tests) runs out, perturb the best plans with one to three random moves and descend again,
+    accepting a worse result with the simulated-annealing rule. Returns the best plan seen."""
     t0 = time.perf_counter()
+    deadline = t0 + budget_s
     rng = random.Random(seed)
     cands = _all_candidates(problem)
     if seeds is None:
@@ -145,33 +187,38 @@ def search(problem: Problem, budget_s: float = 5.0, seed: int = 0, max_evals: in
             except UserError:
                 continue
     fastest = ExecutionPlan(problem.cluster, {n: c[0] for n, c in cands.items()}, "search", problem.async_gen)
-    chains = [replace(p, strategy="search", async_gen=problem.async_gen) for p in seeds] + [fastest]
-    costs = [score(problem, p) for p in chains]
-    evals = len(chains)
-    best_i = min(range(len(chains)), key=lambda i: costs[i])
-    best, best_cost = chains[best_i], costs[best_i]
-    finite = [c for c in costs if c < INFEASIBLE]
-    temp0 = 0.05 * (min(finite) if finite else 1.0)
-    while True:
-        elapsed = time.perf_counter() - t0
-        if elapsed >= budget_s or (max_evals is not None and evals >= max_evals):
-            break
-        frac = elapsed / budget_s if max_evals is None else evals / max_evals
-        temp = temp0 * (1e-3 ** min(frac, 1.0))  # geometric cooling to 0.1% of the start
-        for i in range(len(chains)):
-            cand = _move(problem, chains[i], cands, rng)
-            # Metropolis: accept when cost < current - T ln(u); drawing u first lets score() skip
-            # the exact reallocation costs of a plan that cannot pass.
-            u = max(rng.random(), 1e-300)
-            threshold = costs[i] - temp * math.log(u) if costs[i] < INFEASIBLE else INFEASIBLE
-            c = score(problem, cand, max(threshold, min(best_cost, costs[i])))
+    starts = [replace(p, strategy="search", async_gen=problem.async_gen) for p in seeds] + [fastest]
+    evals = 0
+    chains: list[tuple[ExecutionPlan, float]] = []
+    for p in starts:
+        chains.append((p, score(problem, p)))
+        evals += 1
+    best, best_cost = min(chains, key=lambda x: x[1])
+    finite = [c for _, c in chains if c < INFEASIBLE]
+    temp0 = 0.02 * (min(finite) if finite else 1.0)
+
+    def out_of_budget() -> bool:
+        return time.perf_counter() >= deadline or (max_evals is not None and evals >= max_evals)
+
+    i = 0
+    while not out_of_budget():
+        plan, cost = chains[i % len(chains)]
+        if i >= len(chains):  # after the first pass, perturb before descending
+            for _ in range(rng.randint(1, 3)):
+                plan = _move(problem, plan, cands, rng)
+            cost = score(problem, plan)
             evals += 1
-            if c < threshold or c <= costs[i]:
-                chains[i], costs[i] = cand, c
-                if c < best_cost:
-                    best, best_cost = cand, c
-            elif costs[i] == INFEASIBLE and c == INFEASIBLE:
-                chains[i] = cand  # wander until something fits
+        plan, cost, n = _descend(problem, plan, cost, cands, rng, deadline)
+        evals += n
+        old = chains[i % len(chains)][1]
+        frac = min(1.0, (time.perf_counter() - t0) / budget_s if max_evals is None else evals / max_evals)
+        temp = temp0 * (1e-3 ** frac)
+        if cost <= old or (cost < INFEASIBLE and old < INFEASIBLE
+                           and rng.random() < math.exp((old - cost) / max(temp, 1e-12))):
+            chains[i % len(chains)] = (plan, cost)
+        if cost < best_cost:
+            best, best_cost = plan, cost
+        i += 1
     return SearchResult(replace(best, strategy="search"), best_cost, evals, time.perf_counter() - t0)
 
 
@@ -181,13 +228,16 @@ def exhaustive(problem: Problem, time_limit_s: float = 600.0, upper: ExecutionPl
     already overflows or when a simulation in which the unplaced calls take their shortest time on
     no device (a lower bound, see simulator.build_events) is no better than the best plan so far.
     ``upper``: a feasible plan whose time starts the bound (exactness does not depend on it).
-    Devices are interchangeable up to swapping nodes and aligned blocks inside a node, so the first
-    call placed only tries meshes holding device 0."""
+    (Devices are not interchangeable here: a layout orders its mesh's ranks, so swapping two
+    blocks of devices changes which stage or shard lands where, and with it the realloc costs.)"""
     t0 = time.perf_counter()
     cands = _all_candidates(problem)
     order = sorted(problem.graph.names, key=lambda n: -problem.call_estimate(n, cands[n][0]).time_s)
-    cands[order[0]] = [c for c in cands[order[0]] if 0 in c.mesh]
     shortest = {n: problem.call_estimate(n, cands[n][0]).time_s for n in order}
+    n_dev = problem.cluster.size
+    # Device-seconds a call needs at least; their sum over all devices bounds the busiest one.
+    min_area = {n: min(problem.call_estimate(n, c).time_s * c.mesh.size for c in cands[n]) for n in order}
+    rest_area = [sum(min_area[n] for n in order[i:]) for i in range(len(order) + 1)]
     best: list = [None, INFEASIBLE]
     if upper is not None and problem.feasible(upper):
         best = [upper, iteration_time(problem, upper)]
@@ -197,7 +247,7 @@ def exhaustive(problem: Problem, time_limit_s: float = 600.0, upper: ExecutionPl
         if time.perf_counter() - t0 > time_limit_s:
             raise UserError(f"exhaustive search ran past {time_limit_s} s; use a smaller cluster")
         # Each device runs its calls one at a time in every iteration: the busiest bounds the mean.
-        if max(load) >= best[1]:
+        if max(load) >= best[1] or (sum(load) + rest_area[i]) / n_dev >= best[1]:
             return
         plan = ExecutionPlan(problem.cluster, calls, "exhaustive", problem.async_gen)
         if calls and max(problem.device_memory(plan)) > problem.hw.mem_bytes:
