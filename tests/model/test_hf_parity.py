@@ -33,6 +33,20 @@ def test_logits_match_transformers(tmp_path, arch, kv, tied):
     assert diff <= 1e-4, f"{arch} kv={kv} tied={tied}: max abs diff {diff}"
 
 
+def test_sliding_window_matches_transformers(tmp_path):
+    """Mistral with a window shorter than the sequence: the mask path, not the plain causal one."""
+    ref = hf_model("mistral", kv_heads=1, sliding_window=6)
+    ref.save_pretrained(tmp_path)
+    ours = load_pretrained(tmp_path)
+    assert ours.config.sliding_window == 6
+    ids = _ids(ref.config.vocab_size)
+    with torch.no_grad():
+        windowed = ours(ids)
+        assert (windowed - ref(ids).logits).abs().max().item() <= 1e-4
+        ours.model.cfg = ours.config.replace(sliding_window=None)  # the window really matters here
+        assert (ours(ids) - windowed).abs().max().item() > 1e-3
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padded_batch_matches_transformers(tmp_path, side):
     ref = hf_model("qwen2", kv_heads=1)
