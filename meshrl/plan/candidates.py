@@ -17,7 +17,8 @@ def aligned_meshes(n_devices: int, devices_per_node: int) -> list[Mesh]:
     out: list[Mesh] = []
     size = 1
     while size < devices_per_node:
-        out += [Mesh.range(s, size) for s in range(0, n_devices, size)]
+        for node_start in range(0, n_devices, devices_per_node):  # never across a node boundary
+            out += [Mesh.range(node_start + s, size) for s in range(0, devices_per_node - size + 1, size)]
         size *= 2
     nodes = n_devices // devices_per_node
     k = 1

@@ -174,8 +174,10 @@ def model_for(spec, role: str) -> ModelConfig:
     return get_preset(spec.preset)
 
 
-def problem_from_config(cfg, profile: str | None = None) -> Problem:
-    """The planning problem of a run config (meshrl.config.Config)."""
+def problem_from_config(cfg, profile: str | None = None, async_gen: int | None = None) -> Problem:
+    """The planning problem of a run config (meshrl.config.Config). ``async_gen``: 1 lets generation
+    run one iteration ahead (one step off-policy); default: the config's ``plan.async_gen`` if it
+    has one, else 0."""
     from ..algo.graph import graph_for
     from .hardware import get_hardware
 
@@ -183,5 +185,8 @@ def problem_from_config(cfg, profile: str | None = None) -> Problem:
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}
     cluster = Cluster(cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device)
     hw = get_hardware(cfg.cluster.device, cfg.cluster.devices_per_node, profile)
-    plan_cfg = getattr(cfg, "plan", None)
-    return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, getattr(plan_cfg, "async_gen", 0))
+    if async_gen is None:
+        async_gen = int(getattr(getattr(cfg, "plan", None), "async_gen", 0))
+    if async_gen not in (0, 1):
+        raise UserError(f"async must be 0 or 1, got {async_gen}")
+    return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, async_gen)

@@ -103,8 +103,13 @@ def _all_candidates(problem: Problem) -> dict[str, list[CallPlan]]:
     cands = {n: candidates(problem, n) for n in problem.graph.names}
     empty = [n for n, c in cands.items() if not c]
     if empty:
-        raise UserError(f"calls {empty} fit on no mesh of this cluster: the model is too large for "
-                        f"{problem.cluster.size} x {problem.hw.name} ({problem.hw.mem_bytes / 2**30:.0f} GiB each)")
+        spec = problem.specs[empty[0]]
+        from .model_costs import model_costs
+
+        params = model_costs(spec.model, spec.value_head).total_params
+        raise UserError(f"models.{spec.role} ({params / 1e9:.2f}B parameters) fits nowhere: its calls {empty} "
+                        f"fit on no mesh of {problem.cluster.size} x {problem.hw.name} "
+                        f"({problem.hw.mem_bytes / 2**30:.1f} GiB each); use more devices or a smaller model")
     return cands
 
 
