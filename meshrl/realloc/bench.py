@@ -7,7 +7,10 @@ Functions here run on every rank of a RankPool (module level, so they pickle by 
 from __future__ import annotations
 
 import datetime
+import statistics
 import time
+from functools import partial
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -34,13 +37,38 @@ def sync(timeout: float = 300.0) -> None:
     work.wait(timeout=datetime.timedelta(seconds=timeout))
 
 
+def _timed(fn: Callable[[], Any], timeout: float) -> tuple[float, Any]:
+    """(seconds from a common barrier to a common barrier around fn(), its result)."""
+    sync(timeout)
+    t0 = time.perf_counter()
+    res = fn()
+    sync(timeout)
+    return time.perf_counter() - t0, res
+
+
+def _p2p_sender(nbytes: int, a: int, b: int, timeout: float):
+    """A function that sends one ``nbytes`` message from rank a to rank b (a no-op elsewhere)."""
+    rank, wait = dist.get_rank(), datetime.timedelta(seconds=timeout)
+    buf = torch.ones(nbytes, dtype=torch.uint8, device=_device()) if rank in (a, b) else None
+
+    def once() -> None:
+        if rank == a:
+            dist.isend(buf, b).wait(timeout=wait)
+        elif rank == b:
+            dist.irecv(buf, a).wait(timeout=wait)
+    return once
+
+
 def move_and_check(cfg: ModelConfig, src: str, dst: str, value_head: bool = False, seed: int = 0,
                    dtype: str = "fp32", bucket_bytes: int = DEFAULT_BUCKET_BYTES, repeat: int = 1,
-                   timeout: float = 300.0) -> dict:
-    """Move synthetic weights from placement ``src`` to ``dst`` (e.g. 'dp2tp2pp1@0-3') on this rank.
+                   timeout: float = 300.0, p2p: tuple[int, int, int] | None = None) -> dict:
+    """Move synthetic weights from placement ``src`` to ``dst`` (e.g. 'dp2tp2pp1@0-3') on this rank,
+    ``repeat`` times, then check every element received.
 
-    Returns {"exact", "sent", "received", "copied", "seconds", "rounds", "peak_buffer_bytes"}; seconds
-    is the best of ``repeat`` runs, each timed from a common barrier to a common barrier."""
+    Each repeat times, side by side: a fresh destination copy (``fresh_s``: allocate and fill, the
+    temporary-copy use), a refresh of that copy in place (``refresh_s``: the shadow use) and, with
+    ``p2p=(nbytes, a, b)``, one plain message from rank a to rank b (``p2p_s``). Every time runs
+    from a common barrier to a common barrier. Also returns this rank's byte counts and stats."""
     rank, tdt = dist.get_rank(), DTYPES[dtype]
     device = _device()
     itemsize = torch.empty((), dtype=tdt).element_size()
@@ -48,37 +76,30 @@ def move_and_check(cfg: ModelConfig, src: str, dst: str, value_head: bool = Fals
                         shard_map(cfg, Placement.parse(dst), value_head), itemsize)
     mover = Reallocator(plan, rank, bucket_bytes, timeout)
     shards = {n: t.to(device) for n, t in synthetic_shards(plan.src, rank, seed, tdt).items()}
-    best, out, stats = float("inf"), None, None
+    send = _p2p_sender(*p2p, timeout) if p2p else None
+    if send:
+        _timed(send, timeout)  # warm the connection up
+    times: dict[str, list[float]] = {"fresh_s": [], "refresh_s": [], "p2p_s": []}
+    out, stats = None, None
     for _ in range(repeat):
         out = None  # drop the previous copy first: peak memory stays one destination copy
-        sync(timeout)
-        t0 = time.perf_counter()
-        out, stats = mover.run(shards, dtype=tdt, device=device)
-        sync(timeout)
-        best = min(best, time.perf_counter() - t0)
+        dt, (out, stats) = _timed(partial(mover.run, shards, dtype=tdt, device=device), timeout)
+        times["fresh_s"].append(dt)
+        dt, _ = _timed(partial(mover.run, shards, out=out, dtype=tdt, device=device), timeout)
+        times["refresh_s"].append(dt)
+        if send:
+            times["p2p_s"].append(_timed(send, timeout)[0])
     exact = all(torch.equal(out[n].cpu(), synthetic(n, plan.dst.shapes[n], s, seed, tdt))
                 for n, s in mover.dst_slices.items())
     return {"exact": exact, "sent": stats.sent, "received": stats.received, "copied": stats.copied,
-            "seconds": best, "rounds": stats.rounds, "peak_buffer_bytes": stats.peak_buffer_bytes}
+            "rounds": stats.rounds, "peak_buffer_bytes": stats.peak_buffer_bytes,
+            "pack_s": stats.pack_s, "wait_s": stats.wait_s, "unpack_s": stats.unpack_s, **times}
 
 
 def p2p_bandwidth(nbytes: int = 256 << 20, iters: int = 4, a: int = 0, b: int = 1,
                   timeout: float = 300.0) -> float:
-    """One-way send/recv bandwidth from rank ``a`` to rank ``b`` in GB/s (1e9 B/s), best of ``iters``
-    messages of ``nbytes``; every rank must call it (the others just pass the barriers)."""
-    rank, buf = dist.get_rank(), None
-    if rank in (a, b):
-        buf = torch.ones(nbytes, dtype=torch.uint8, device=_device())
-    times = []
-    wait = datetime.timedelta(seconds=timeout)
-    for i in range(iters + 1):  # the first message warms up the connection
-        sync(timeout)
-        t0 = time.perf_counter()
-        if rank == a:
-            dist.isend(buf, b).wait(timeout=wait)
-        elif rank == b:
-            dist.irecv(buf, a).wait(timeout=wait)
-        sync(timeout)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return nbytes / min(times) / 1e9
+    """One-way send/recv bandwidth from rank ``a`` to rank ``b`` in GB/s (1e9 B/s), median of
+    ``iters`` messages of ``nbytes`` after one warm-up; every rank must call it."""
+    send = _p2p_sender(nbytes, a, b, timeout)
+    _timed(send, timeout)
+    return nbytes / statistics.median(_timed(send, timeout)[0] for _ in range(iters)) / 1e9

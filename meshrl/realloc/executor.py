@@ -5,7 +5,8 @@ between any two meshes (equal, overlapping or disjoint) and TP sizes that do not
 
 Each rank passes its source shards ``{name: tensor}`` (exactly the source ShardMap's slices) and
 gets its destination shards. Per round every link moves one bucket with batched isend/irecv (see
-schedule.py), so peak extra memory <= bucket_bytes x (send peers + receive peers). Ranks in
+schedule.py), so peak extra memory <= bucket_bytes x (send peers + receive peers); a bucket that is
+one contiguous piece needs no buffer at all (it is sent from, or received into, its place). Ranks in
 neither mesh do nothing. Every wait has a deadline.
 
 The two runtime uses:
@@ -39,6 +40,9 @@ class RunStats:
     rounds: int = 0
     peak_buffer_bytes: int = 0
     seconds: float = 0.0
+    pack_s: float = 0.0  # copying pieces into send buffers
+    wait_s: float = 0.0  # waiting for the messages of a round
+    unpack_s: float = 0.0  # copying received buffers into the destination shards
 
 
 def _view(t: torch.Tensor, region: Slice, origin: Slice) -> torch.Tensor:
@@ -109,27 +113,43 @@ class Reallocator:
     def _round(self, sends: list[Bucket], recvs: list[Bucket], src: dict[str, torch.Tensor],
                dst: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
                stats: RunStats) -> None:
-        ops, inbox = [], []
+        ops, inbox, extra = [], [], 0
+        t0 = time.perf_counter()
+        # Messages of one bucket: its direct pieces in order, then the packed rest; tags keep them
+        # apart on gloo (NCCL matches point-to-point messages in order anyway).
         for b in sends:
-            buf = torch.cat([_view(src[p.name], p.region, self.src_slices[p.name]).reshape(-1)
-                             for p in b.pieces])
-            ops.append(dist.P2POp(dist.isend, buf, b.dst))
+            views = [_view(src[p.name], p.region, self.src_slices[p.name]) for p in b.pieces]
+            bufs = [v.view(-1) for v, d in zip(views, b.direct, strict=True) if d]
+            rest = [v.reshape(-1) for v, d in zip(views, b.direct, strict=True) if not d]
+            if rest:
+                bufs.append(torch.cat(rest))
+                extra += bufs[-1].numel() * bufs[-1].element_size()
+            ops += [dist.P2POp(dist.isend, buf, b.dst, tag=i) for i, buf in enumerate(bufs)]
             stats.sent += b.nbytes
         for b in recvs:
-            buf = torch.empty(b.numel, dtype=dtype, device=device)
-            ops.append(dist.P2POp(dist.irecv, buf, b.src))
-            inbox.append((b, buf))
+            views = [_view(dst[p.name], p.region, self.dst_slices[p.name]) for p in b.pieces]
+            bufs = [v.view(-1) for v, d in zip(views, b.direct, strict=True) if d]
+            rest = [v for v, d in zip(views, b.direct, strict=True) if not d]
+            if rest:
+                bufs.append(torch.empty(sum(v.numel() for v in rest), dtype=dtype, device=device))
+                inbox.append((rest, bufs[-1]))
+                extra += bufs[-1].numel() * bufs[-1].element_size()
+            ops += [dist.P2POp(dist.irecv, buf, b.src, tag=i) for i, buf in enumerate(bufs)]
             stats.received += b.nbytes
-        stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, sum(b.nbytes for b in sends + recvs))
+        stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, extra)
+        t1 = time.perf_counter()
         for work in dist.batch_isend_irecv(ops):
             work.wait(timeout=datetime.timedelta(seconds=self.timeout))
-        for b, buf in inbox:
+        t2 = time.perf_counter()
+        for views, buf in inbox:
             at = 0
-            for p in b.pieces:
-                view = _view(dst[p.name], p.region, self.dst_slices[p.name])
+            for view in views:
                 view.copy_(buf[at:at + view.numel()].view(view.shape))
                 at += view.numel()
         stats.rounds += 1
+        stats.pack_s += t1 - t0
+        stats.wait_s += t2 - t1
+        stats.unpack_s += time.perf_counter() - t2
 
 
 def _default_device() -> torch.device:

@@ -70,8 +70,11 @@ class ReallocPlan:
 
 
 def _split(region: Slice, parts: int) -> list[Slice]:
-    """Cut a box into up to ``parts`` near-equal blocks along its longest dim (empty blocks dropped)."""
-    dim = max(range(len(region)), key=lambda d: region[d][1] - region[d][0])
+    """Cut a box into up to ``parts`` near-equal blocks (empty blocks dropped): along dim 0 when it
+    has enough rows, since row blocks of a row-major tensor are contiguous and travel without a copy;
+    else along the longest dim."""
+    dim = 0 if region and region[0][1] - region[0][0] >= parts else \
+        max(range(len(region)), key=lambda d: region[d][1] - region[d][0])
     lo, hi = region[dim]
     base, extra = divmod(hi - lo, parts)
     out, start = [], lo
