@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ..model.config import ModelConfig
 from ..parallel.mesh import Layout, Mesh
 from .hardware import Hardware
-from .model_costs import BF16, ModelCosts, model_costs
+from .model_costs import ModelCosts, model_costs
 
 ADAM_STATE_BYTES = 12  # fp32 master weights + m + v per parameter (ZeRO paper, K = 12)
 ADAM_STEP_BYTES = 28  # read master, m, v (12) + bf16 grad (2); write master, m, v (12) + bf16 param (2)
@@ -134,7 +134,7 @@ class _Ctx:
 
     @property
     def stage_param_bytes(self) -> float:
-        return self.mc.max_stage_params(self.lay.pp) / self.lay.tp * BF16
+        return self.mc.max_stage_params(self.lay.pp) / self.lay.tp * self.hw.dtype_bytes
 
 
 def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False) -> tuple[float, dict]:
@@ -143,7 +143,7 @@ def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False) -
     mult = 3.0 if backward else 1.0
     flops = b * (new * c.mc.matmul_flops_per_token() + c.mc.attn_flops(new, ctx))
     compute = mult * flops * c.frac / c.lay.tp / c.flops
-    act = b * new * c.mc.cfg.hidden_size * BF16
+    act = b * new * c.mc.cfg.hidden_size * c.hw.dtype_bytes
     n_ar = (4 if backward else 2) * c.stage_layers
     tp = n_ar * c.hw.all_reduce(act, c.lay.tp, c.links.tp)
     pp = (2 if backward else 1) * c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 else 0.0
@@ -154,12 +154,12 @@ def _decode_step(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:
     """One decoding step of ``b`` sequences at context ``ctx`` on the slowest stage."""
     mc = c.mc
     flops = b * (mc.matmul_flops_per_token() + mc.attn_flops(1, ctx)) * c.frac / c.lay.tp
-    kv = b * ctx * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp)
+    kv = b * ctx * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     mem = (c.stage_param_bytes + kv) / c.hw.hbm_bw
     compute = flops / c.flops
-    act = b * mc.cfg.hidden_size * BF16
+    act = b * mc.cfg.hidden_size * c.hw.dtype_bytes
     tp = 2 * c.stage_layers * c.hw.all_reduce(act, c.lay.tp, c.links.tp)
-    tp += c.hw.all_gather(b * mc.out_width * BF16, c.lay.tp, c.links.tp)  # logits for sampling
+    tp += c.hw.all_gather(b * mc.out_width * c.hw.dtype_bytes, c.lay.tp, c.links.tp)  # logits for sampling
     pp = c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 else 0.0
     return max(mem, compute) + tp + pp, {"decode_mem" if mem >= compute else "compute": max(mem, compute),
                                         "tp_comm": tp, "pp_comm": pp}
@@ -198,9 +198,9 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
                     shape.prompt_len))
     flops += seqs * (shape.gen_len * mc.matmul_flops_per_token() + mc.attn_flops(shape.gen_len, shape.seq_len))
     in_flight = b if c.lay.pp == 1 else s_dp
-    kv = in_flight * shape.seq_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp)
+    kv = in_flight * shape.seq_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     logits = b * mc.out_width / c.lay.tp * LOGIT_BYTES
-    prefill_act = b * shape.prompt_len * mc.act_bytes_per_token_layer(c.lay.tp)
+    prefill_act = b * shape.prompt_len * mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
     return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc)
 
 
@@ -213,7 +213,7 @@ def _inference(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     t = _pipeline(c, m, step, parts, acc)
     seqs = spec.sequences(shape)
     flops = seqs * (s * c.mc.matmul_flops_per_token() + c.mc.attn_flops(s, s))
-    act = b * s * (c.mc.act_bytes_per_token_layer(c.lay.tp) + c.mc.out_width / c.lay.tp * LOGIT_BYTES)
+    act = b * s * (c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes) + c.mc.out_width / c.lay.tp * LOGIT_BYTES)
     return Estimate(t, flops, c.stage_param_bytes, 0.0, act, acc)
 
 
@@ -227,16 +227,16 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     t_mb = _pipeline(c, m, step, parts, {})
     grad_bytes = c.stage_param_bytes
     dp = c.hw.all_reduce(grad_bytes, c.lay.dp, c.links.dp)
-    opt = ADAM_STEP_BYTES * (grad_bytes / BF16) / c.lay.dp / c.hw.hbm_bw
+    opt = ADAM_STEP_BYTES * (grad_bytes / c.hw.dtype_bytes) / c.lay.dp / c.hw.hbm_bw
     _add(acc, parts, m * steps)
     acc["bubble"] = (c.lay.pp - 1) * step * steps
     acc["dp_comm"] = dp * steps
     acc["optimizer"] = opt * steps
     seqs = spec.sequences(shape)
     flops = 3 * shape.epochs * seqs * (s * c.mc.matmul_flops_per_token() + c.mc.attn_flops(s, s))
-    state = ADAM_STATE_BYTES * (grad_bytes / BF16) / c.lay.dp
+    state = ADAM_STATE_BYTES * (grad_bytes / c.hw.dtype_bytes) / c.lay.dp
     in_flight = min(m, c.lay.pp)
-    act = in_flight * b * s * c.stage_layers * c.mc.act_bytes_per_token_layer(c.lay.tp)
+    act = in_flight * b * s * c.stage_layers * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
     logits = 2 * b * s * c.mc.out_width / c.lay.tp * LOGIT_BYTES  # logits and their gradient
     return Estimate((t_mb + dp + opt) * steps, flops, c.stage_param_bytes, state, grad_bytes + act + logits, acc)
 

@@ -66,6 +66,7 @@ class Hardware:
     inter_lat: float
     devices_per_node: int
     base_lat: float = NCCL_BASE_LAT
+    dtype_bytes: int = 2  # bytes per weight / activation element: bf16 on GPUs, fp32 on CPU
     sources: dict[str, str] = field(default_factory=dict)
     matmul: tuple[tuple[int, float], ...] = ()
     measured: dict[str, dict[int, LinkFit]] = field(default_factory=dict)
@@ -186,6 +187,7 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> 
         return Hardware(name="cpu", peak_flops=max(f for _, f in matmul), mfu=1.0, hbm_bw=float(data["mem_bw"]),
                         mem_bytes=float(data["mem_bytes"]) / devices_per_node, intra_bw=bw, intra_lat=lat,
                         inter_bw=bw, inter_lat=lat, devices_per_node=devices_per_node, base_lat=0.0,
+                        dtype_bytes=int(data.get("dtype_bytes", 4)),
                         sources={"all": f"measured by meshrl profile ({source})"}, matmul=matmul,
                         measured=measured)
     except (KeyError, TypeError, ValueError) as e:

@@ -63,18 +63,18 @@ class ModelCosts:
         pairs = new_tokens * start + new_tokens * (new_tokens + 1) / 2
         return 4.0 * self.cfg.q_size * pairs * self.cfg.num_hidden_layers
 
-    def kv_bytes_per_token(self, tp: int) -> float:
+    def kv_bytes_per_token(self, tp: int, dtype_bytes: int = BF16) -> float:
         """KV cache bytes per token per layer on one TP rank (KV heads are replicated when tp
         exceeds them, so a rank holds at least one)."""
         heads = max(1, self.cfg.num_key_value_heads // tp)
-        return 2 * heads * self.cfg.head_dim * BF16
+        return 2 * heads * self.cfg.head_dim * dtype_bytes
 
-    def act_bytes_per_token_layer(self, tp: int) -> float:
+    def act_bytes_per_token_layer(self, tp: int, dtype_bytes: int = BF16) -> float:
         """Activation memory kept for backward per token per layer: Korthikanti et al. 2022
         ("Reducing Activation Recomputation in Large Transformer Models", eq. 2 with tensor
         parallelism) h * (10 + 24/t) bytes, without the 5*a*s/h score term that FlashAttention
         (Dao et al. 2022) never stores."""
-        return self.cfg.hidden_size * (10 + 24 / tp)
+        return self.cfg.hidden_size * (10 + 24 / tp) * dtype_bytes / BF16
 
     @property
     def out_width(self) -> int:

@@ -1,0 +1,43 @@
+"""``meshrl profile [--quick] [--out FILE]``: measure this machine for the planner.
+
+Matmul throughput at the widths of the presets, memory bandwidth, and gloo all-reduce, all-gather
+and send/recv latency and bandwidth by group size, into the file that ``cluster.device=cpu`` reads
+(default ~/.cache/meshrl/profile-cpu.json, or $MESHRL_PROFILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("profile", help="measure this machine into the planner's CPU profile",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer shapes, group sizes and repetitions (seconds)")
+    p.add_argument("--out", metavar="FILE", help="profile file (default $MESHRL_PROFILE or "
+                   "~/.cache/meshrl/profile-cpu.json)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds allowed per collective measurement")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import UserError
+    from ..plan.hardware import from_profile, profile_path
+    from ..runtime.profile import profile
+
+    path = profile_path(args.out)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {path.parent}: {e}") from None
+    data = profile(quick=args.quick, timeout_s=args.timeout)
+    from_profile(data, 1, str(path))  # the planner must be able to read what we write
+    path.write_text(json.dumps(data, indent=2))
+    mm = ", ".join(f"h={h}: {f / 1e9:.1f}" for h, f in data["matmul"].items())
+    print(f"matmul GFLOP/s (1 thread, fp32): {mm}")
+    print(f"memory bandwidth: {data['mem_bw'] / 1e9:.1f} GB/s")
+    for kind, fits in data["collectives"].items():
+        for n, fit in fits.items():
+            print(f"{kind} x{n}: latency {fit['latency_s'] * 1e6:.0f} us, {1 / fit['sec_per_byte'] / 1e9:.2f} GB/s")
+    print(f"wrote {path}")
+    return 0

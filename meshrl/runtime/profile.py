@@ -1,0 +1,162 @@
+"""``meshrl profile``'s measuring side: this machine's matmul throughput, memory bandwidth, and gloo
+collective latency and bandwidth by group size, written as the JSON the planner reads
+(meshrl/plan/hardware.py: ``from_profile``).
+
+Each rank of a CPU run is one process with one thread (the tests and the launcher set
+OMP_NUM_THREADS=1), so compute is measured with one thread, in fp32 (the CPU dtype).
+Collectives run in real gloo process groups started with torch.multiprocessing; every process
+group has a timeout and every child is joined with a deadline and killed if it overruns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..errors import UserError
+
+HIDDEN_FULL = (128, 768, 2048, 4096)  # tiny, small, and two larger widths (7B is 4096)
+HIDDEN_QUICK = (128, 768)
+GROUPS_FULL = (2, 4)
+GROUPS_QUICK = (2,)
+PG_TIMEOUT_S = 60
+SIZES = (4096, 1 << 18, 1 << 22)  # bytes per rank: from latency-bound to bandwidth-bound
+
+
+def _median_time(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def measure_matmul(hidden: tuple[int, ...], reps: int) -> dict[str, float]:
+    """FLOP/s of [tokens, h] x [h, 4h / 3 * 2] (a decoder MLP's shape) per hidden size."""
+    out = {}
+    for h in hidden:
+        tokens = 256
+        a, b = torch.randn(tokens, h), torch.randn(h, max(8, (8 * h) // 3))
+        t = _median_time(lambda a=a, b=b: a @ b, reps)
+        out[str(h)] = 2.0 * a.shape[0] * a.shape[1] * b.shape[1] / t
+    return out
+
+
+def measure_mem_bw(nbytes: int, reps: int) -> float:
+    """Bytes/s of a tensor copy (each byte read once and written once)."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    t = _median_time(lambda: dst.copy_(src), reps)
+    return 2.0 * nbytes / t
+
+
+def _fit(points: list[tuple[float, float]]) -> dict[str, float]:
+    """Least-squares ``seconds = latency + bytes * sec_per_byte`` through the (bytes, seconds)
+    points; if noise makes the slope non-positive, the largest point's average rate is used."""
+    n = len(points)
+    mb = sum(b for b, _ in points) / n
+    mt = sum(t for _, t in points) / n
+    var = sum((b - mb) ** 2 for b, _ in points)
+    spb = sum((b - mb) * (t - mt) for b, t in points) / var if var else 0.0
+    if spb <= 0:
+        b_max, t_max = max(points)
+        spb = t_max / b_max
+    return {"latency_s": max(mt - mb * spb, 0.0), "sec_per_byte": spb}
+
+
+def _worker(rank: int, world: int, port: int, reps: int, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=__import__("datetime").timedelta(seconds=PG_TIMEOUT_S))
+    try:
+        res: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}
+        for kind in res:
+            pts = []
+            for nbytes in SIZES:
+                x = torch.ones(nbytes // 4)
+                if kind == "all_reduce":
+                    fn, moved = (lambda x=x: dist.all_reduce(x)), 2 * (world - 1) / world * nbytes
+                elif kind == "all_gather":
+                    parts = [torch.empty_like(x) for _ in range(world)]
+                    fn, moved = (lambda x=x, p=parts: dist.all_gather(p, x)), (world - 1) * nbytes
+                else:
+                    def fn(x=x) -> None:  # ping-pong between ranks 0 and 1, half a round trip each
+                        if rank == 0:
+                            dist.send(x, 1)
+                            dist.recv(x, 1)
+                        elif rank == 1:
+                            dist.recv(x, 0)
+                            dist.send(x, 0)
+                    moved = nbytes
+                dist.barrier()
+                t = _median_time(fn, reps)
+                pts.append((moved, t / 2 if kind == "p2p" else t))
+            res[kind] = _fit(pts)
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(res))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure_collectives(world: int, reps: int, timeout_s: float) -> dict[str, dict]:
+    """Spawn ``world`` gloo ranks; return {kind: {latency_s, sec_per_byte}}. Children that do not
+    finish within ``timeout_s`` are killed and the failure is reported, never waited on forever."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "coll.json")
+        ctx = mp.start_processes(_worker, args=(world, _free_port(), reps, out), nprocs=world, join=False,
+                                 start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+                if time.monotonic() > deadline:
+                    raise UserError(f"profiling collectives on {world} gloo ranks took over {timeout_s:.0f} s")
+        except mp.ProcessRaisedException as e:
+            raise UserError(f"profiling collectives on {world} gloo ranks failed: {e}") from None
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+        return json.loads(Path(out).read_text())
+
+
+def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
+    """The profile dict (see meshrl/plan/hardware.py: from_profile)."""
+    reps = 3 if quick else 10
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        matmul = measure_matmul(HIDDEN_QUICK if quick else HIDDEN_FULL, reps)
+        mem_bw = measure_mem_bw((16 if quick else 256) << 20, reps)
+    finally:
+        torch.set_num_threads(prev)
+    colls: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}
+    for world in GROUPS_QUICK if quick else GROUPS_FULL:
+        res = measure_collectives(world, reps, timeout_s)
+        for kind, fit in res.items():
+            if kind != "p2p" or world == 2:
+                colls[kind][str(world)] = fit
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"version": 1, "device": "cpu", "host": platform.node(), "cpus": os.cpu_count(),
+            "torch": torch.__version__, "threads_per_rank": 1, "dtype": "float32", "dtype_bytes": 4,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": quick,
+            "matmul": matmul, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls}
