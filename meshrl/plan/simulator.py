@@ -114,6 +114,19 @@ def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERAT
         events.append(ev)
         return len(events) - 1
 
+    moved: dict[tuple[str, str, int], int] = {}  # transfers emitted ahead of their consumer
+    gen_calls = [c for c in graph.calls if c.kind == "generate" and not graph.parents(c.name)]
+    rest = [c for c in graph.calls if c not in gen_calls]
+
+    def emit_transfer(p: str, c, t: int) -> int:
+        """The step that moves p's outputs to c (or p itself when nothing moves); its index."""
+        pcp, cp = plan.calls.get(p), plan.calls.get(c.name)
+        dur = problem.transfer_time(p, c.name, pcp, cp) if pcp is not None and cp is not None else 0.0
+        if dur <= 0:
+            return done[(p, t)]
+        devs = tuple(sorted(set(pcp.mesh.ranks) | set(cp.mesh.ranks)))
+        return emit(Event(f"transfer {p}->{c.name}", "transfer", t, devs, dur, (done[(p, t)],)))
+
     def emit_call(c, t: int) -> None:
         if c.name in free:
             deps = [done[(p, t)] for p in graph.parents(c.name)]
@@ -134,23 +147,25 @@ def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERAT
                 devs = tuple(sorted(set(home.mesh.ranks) | set(cp.mesh.ranks)))
                 deps = [emit(Event(f"realloc {c.role}->{c.name}", "realloc", t, devs, dur, tuple(deps)))]
         for p in graph.parents(c.name):
-            pcp = plan.calls.get(p)
-            dur = problem.transfer_time(p, c.name, pcp, cp) if pcp is not None else 0.0
-            if dur > 0:
-                devs = tuple(sorted(set(pcp.mesh.ranks) | set(cp.mesh.ranks)))
-                deps.append(emit(Event(f"transfer {p}->{c.name}", "transfer", t, devs, dur, (done[(p, t)],))))
-            else:
-                deps.append(done[(p, t)])
+            ahead = moved.pop((p, c.name, t), None)
+            deps.append(ahead if ahead is not None else emit_transfer(p, c, t))
         est = problem.call_estimate(c.name, cp)
         done[(c.name, t)] = emit(Event(c.name, "call", t, cp.mesh.ranks, est.time_s, tuple(deps)))
+        if not (async_gen and c in gen_calls):  # hand outputs on at once, while consumers may be idle
+            for k in graph.calls:
+                if c.name in graph.parents(k.name) and k.name not in free:
+                    moved[(c.name, k.name, t)] = emit_transfer(c.name, k, t)
 
-    gen_calls = [c for c in graph.calls if c.kind == "generate" and not graph.parents(c.name)]
-    rest = [c for c in graph.calls if c not in gen_calls]
     if async_gen:
         for c in gen_calls:
             emit_call(c, 0)
     for t in range(iterations):
         if async_gen:
+            # Hand off this iteration's samples before generating the next ones on the same devices.
+            for c in rest:
+                for p in graph.parents(c.name):
+                    if any(p == g.name for g in gen_calls) and c.name not in free:
+                        moved[(p, c.name, t)] = emit_transfer(p, c, t)
             if t + 1 < iterations:
                 for c in gen_calls:
                     emit_call(c, t + 1)

@@ -1,0 +1,75 @@
+"""The estimator: monotone where it must be, memory sharded the way the layouts shard it."""
+
+import pytest
+
+from meshrl.model.presets import get_preset
+from meshrl.parallel.mesh import Layout
+from meshrl.plan.estimator import CallSpec, Links, RunShape, estimate_call
+from meshrl.plan.hardware import PRESETS
+from meshrl.plan.model_costs import model_costs
+
+H100 = PRESETS["h100-80g"]
+SEVEN = get_preset("llama2-7b")
+SHAPE = RunShape(prompt_len=128, gen_len=384, batch_size=256)
+
+
+def est(kind, layout=None, m=1, shape=SHAPE, model=SEVEN, links=None):
+    return estimate_call(CallSpec("c", "actor", kind, model), shape, layout or Layout(), m, H100, links or Links())
+
+
+def test_parameter_count_matches_the_model():
+    assert model_costs(SEVEN).total_params == pytest.approx(6.74e9, rel=0.01)
+
+
+@pytest.mark.parametrize("kind", ["generate", "inference", "train"])
+def test_time_grows_with_tokens(kind):
+    small = RunShape(128, 128, 64)
+    assert est(kind, shape=small).time_s < est(kind, shape=RunShape(128, 384, 64)).time_s
+    assert est(kind, shape=small).time_s < est(kind, shape=RunShape(128, 128, 256)).time_s
+    assert est(kind, shape=small).flops < est(kind, shape=RunShape(256, 128, 64)).flops
+
+
+def test_backward_is_twice_forward():
+    fwd, train = est("inference"), est("train")
+    assert train.flops == pytest.approx(3 * fwd.flops)
+    assert train.breakdown["compute"] == pytest.approx(3 * fwd.breakdown["compute"])
+
+
+def test_decoding_is_memory_bound_and_tp_splits_it():
+    g = est("generate", shape=RunShape(128, 128, 8))
+    assert g.breakdown["decode_mem"] > g.breakdown.get("compute", 0.0)
+    g4 = est("generate", Layout(1, 4, 1), shape=RunShape(128, 128, 8))
+    assert g4.breakdown["decode_mem"] == pytest.approx(g.breakdown["decode_mem"] / 4, rel=0.05)
+    assert g4.breakdown["tp_comm"] > 0 and g.breakdown.get("tp_comm", 0.0) == 0.0
+
+
+def test_memory_is_sharded_by_tp_pp_and_dp():
+    base = est("train")
+    tp = est("train", Layout(1, 4, 1))
+    pp = est("train", Layout(1, 1, 4), m=4)
+    dp = est("train", Layout(4, 1, 1))
+    assert tp.weights_bytes == pytest.approx(base.weights_bytes / 4, rel=0.01)
+    assert pp.weights_bytes == pytest.approx(base.weights_bytes / 4, rel=0.05)  # embedding / head stages
+    assert dp.weights_bytes == base.weights_bytes  # data parallelism replicates weights...
+    assert dp.state_bytes == pytest.approx(base.state_bytes / 4)  # ...but ZeRO-1 shards Adam state
+    assert base.state_bytes == pytest.approx(12 * model_costs(SEVEN).total_params, rel=0.01)
+    assert dp.transient_bytes < base.transient_bytes  # fewer sequences per rank
+
+
+def test_pipeline_bubble_shrinks_with_micro_batches():
+    one = est("inference", Layout(1, 1, 4), m=1)
+    many = est("inference", Layout(1, 1, 4), m=16)
+    assert many.time_s < one.time_s
+    assert one.breakdown["bubble"] > many.breakdown["bubble"]
+
+
+def test_crossing_nodes_costs_more():
+    lay = Layout(8, 1, 1)
+    assert est("train", lay, links=Links(dp=True)).time_s > est("train", lay).time_s
+
+
+def test_70b_does_not_fit_one_gpu_but_fits_a_node_sharded():
+    big = get_preset("llama2-70b")
+    assert est("train", model=big).mem_bytes > H100.mem_bytes
+    assert est("inference", model=big).mem_bytes > H100.mem_bytes
+    assert est("inference", Layout(1, 8, 1), model=big, shape=RunShape(128, 128, 8)).mem_bytes < H100.mem_bytes

@@ -1,0 +1,61 @@
+"""Hardware presets carry their sources; CPU numbers come only from a measured profile."""
+
+import json
+
+import pytest
+
+from meshrl.errors import UserError
+from meshrl.plan.hardware import PRESETS, from_profile, get_hardware, load_profile
+
+PROFILE = {"matmul": {"128": 4e10, "768": 2e10}, "mem_bw": 5e9, "mem_bytes": 8e9, "dtype_bytes": 4,
+           "collectives": {"all_reduce": {"2": {"latency_s": 1e-4, "sec_per_byte": 1e-9}},
+                           "p2p": {"2": {"latency_s": 5e-5, "sec_per_byte": 2e-9}}}}
+
+
+def test_presets_are_cited_and_ordered():
+    for name, hw in PRESETS.items():
+        assert {"device", "network", "mfu", "latency"} <= set(hw.sources), name
+        assert 0 < hw.mfu < 1 and hw.devices_per_node == 8
+        assert hw.intra_bw > hw.inter_bw and hw.intra_lat < hw.inter_lat
+    assert PRESETS["h200"].mem_bytes > PRESETS["h100-80g"].mem_bytes
+    assert PRESETS["h100-80g"].peak_flops > PRESETS["a100-80g"].peak_flops
+
+
+def test_ring_collectives_grow_with_bytes_and_ranks():
+    hw = PRESETS["h100-80g"]
+    assert hw.all_reduce(1e6, 1) == 0.0
+    assert hw.all_reduce(1e6, 2) < hw.all_reduce(1e8, 2)
+    assert hw.all_reduce(1e3, 2) < hw.all_reduce(1e3, 8)  # latency: more hops
+    assert hw.all_reduce(1e8, 8, inter=True) > hw.all_reduce(1e8, 8)  # IB is slower than NVLink
+    # Bandwidth term of a ring all-reduce: 2 (n-1)/n bytes over the link.
+    big = 1e10
+    assert hw.all_reduce(big, 4) == pytest.approx(2 * 3 / 4 * big / hw.intra_bw, rel=1e-3)
+
+
+def test_profile_numbers_are_the_measured_ones(tmp_path):
+    hw = from_profile(PROFILE, devices_per_node=2)
+    assert hw.flops_at(128) == 4e10 and hw.flops_at(768) == 2e10
+    assert hw.flops_at(448) == pytest.approx(3e10)  # interpolated between measured widths
+    assert hw.mem_bytes == 4e9  # two ranks share the machine's memory
+    assert hw.all_reduce(1000, 2) == pytest.approx(1e-4 + 1000 * 1e-9)
+    assert hw.p2p(1000) == pytest.approx(5e-5 + 1000 * 2e-9)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(PROFILE))
+    assert load_profile(path, 1).flops_at(128) == 4e10
+
+
+def test_bad_hardware_inputs_name_the_culprit(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHRL_PROFILE", str(tmp_path / "missing.json"))
+    with pytest.raises(UserError, match="meshrl profile"):
+        get_hardware("cpu", 1)
+    with pytest.raises(UserError, match="unknown device 'tpu'"):
+        get_hardware("tpu", 1)
+    with pytest.raises(UserError, match="at most 8"):
+        get_hardware("h100-80g", 16)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(UserError, match="not valid JSON"):
+        load_profile(bad)
+    bad.write_text("{}")
+    with pytest.raises(UserError, match="malformed"):
+        load_profile(bad)
