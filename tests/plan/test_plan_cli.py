@@ -1,0 +1,85 @@
+"""`meshrl plan` and `meshrl profile` from the command line: tables, --json, files, bad input."""
+
+import json
+
+import pytest
+
+from meshrl.cli import main
+from meshrl.plan.report import NAMES
+
+BASE = ["cluster.device=h100-80g", "cluster.devices_per_node=8", "models.actor=llama2-7b",
+        "models.critic=llama2-7b", "models.ref=llama2-7b", "models.reward=llama2-7b", "data.prompt_len=128",
+        "data.gen_len=128", "data.batch_size=64"]
+
+
+def test_plan_prints_call_table_comparison_and_explanation(capsys, tmp_path):
+    trace, png, saved = tmp_path / "t.json", tmp_path / "g.png", tmp_path / "plan.json"
+    assert main(["plan", *BASE, "--budget", "0.5", "--trace", str(trace), "--gantt", str(png),
+                 "--save", str(saved)]) == 0
+    out = capsys.readouterr().out
+    for word in ("actor_gen", "critic_train", "layout", "colocated", "interleaved", "disaggregated",
+                 "heuristic", "search", "PFLOP/s", "bottleneck"):
+        assert word in out
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert set(json.loads(saved.read_text())["calls"]) == {"actor_gen", "reward_inf", "ref_inf", "critic_inf",
+                                                          "actor_train", "critic_train"}
+
+
+def test_plan_json_schema(capsys):
+    assert main(["plan", *BASE, "--json", "--budget", "0.5"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"strategies", "search_s"} and data["search_s"] > 0
+    assert set(data["strategies"]) == set(NAMES)
+    for entry in data["strategies"].values():
+        assert set(entry) == {"iteration_s", "pflops", "peak_mem_gib", "feasible", "plan"}
+        assert entry["iteration_s"] > 0 and entry["pflops"] > 0 and isinstance(entry["feasible"], bool)
+        assert "calls" in entry["plan"]
+    feasible = [e["iteration_s"] for n, e in data["strategies"].items() if e["feasible"] and n != "search"]
+    assert data["strategies"]["search"]["iteration_s"] <= min(feasible) * (1 + 1e-9)
+
+
+def test_one_strategy(capsys):
+    assert main(["plan", *BASE, "--strategy", "heuristic", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert list(data["strategies"]) == ["heuristic"] and data["search_s"] == 0
+    assert data["strategies"]["heuristic"]["plan"]["calls"]["actor_gen"]["layout"] == "dp1tp8pp1"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["models.actor=llama2-70b", "cluster.devices_per_node=1"], "models.actor (68.98B parameters) fits nowhere"),
+    (["cluster.nodes=0"], "cluster.nodes must be >= 1"),
+    (["cluster.devices_per_node=16"], "at most 8 devices"),
+    (["models.critic=llama3-9000b"], "unknown model preset 'llama3-9000b'"),
+    (["cluster.device=tpu"], "unknown device 'tpu'"),
+    (["--strategy", "fastest"], "unknown strategy 'fastest'"),
+    (["--budget", "0"], "--budget must be positive"),
+    (["clusters.nodes=2"], "unknown config key 'clusters'"),
+])
+def test_bad_input_gets_one_clear_message(capsys, args, message):
+    assert main(["plan", "cluster.device=h100-80g", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("meshrl plan: error: ") and message in err and "Traceback" not in err
+
+
+def test_cpu_without_profile_says_how_to_make_one(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHRL_PROFILE", str(tmp_path / "none.json"))
+    assert main(["plan", "cluster.device=cpu"]) == 2
+    assert "run `meshrl profile`" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_profile_quick_writes_a_profile_the_planner_reads(capsys, tmp_path):
+    path = tmp_path / "profile.json"
+    assert main(["profile", "--quick", "--out", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["device"] == "cpu" and data["mem_bw"] > 0 and data["mem_bytes"] > 0
+    assert all(f > 0 for f in data["matmul"].values())
+    for kind in ("all_reduce", "all_gather", "p2p"):
+        fit = data["collectives"][kind]["2"]
+        assert fit["latency_s"] >= 0 and fit["sec_per_byte"] > 0
+    capsys.readouterr()
+    assert main(["plan", "cluster.device=cpu", "cluster.devices_per_node=2", "--profile", str(path), "--json",
+                 "--budget", "0.5"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["strategies"]["search"]["feasible"]

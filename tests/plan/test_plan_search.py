@@ -1,0 +1,80 @@
+"""Search quality: within 2% of the exhaustive optimum on 10 settings of up to 16 devices, and
+never worse than the best strategy. Runs are capped by evaluations, so they do not depend on
+how busy the machine is."""
+
+import pytest
+
+from meshrl.errors import UserError
+from meshrl.plan.report import compare
+from meshrl.plan.search import exhaustive, search
+from meshrl.plan.strategies import BUILDERS
+
+from .helpers import models, problem
+
+SETTINGS = {
+    "grpo-1x2-1.5b": ("cluster.devices_per_node=2", "algo=grpo", *models("qwen2.5-1.5b"), "data.gen_len=256",
+                      "data.batch_size=32"),
+    "grpo-1x4-1.5b": ("cluster.devices_per_node=4", "algo=grpo", *models("qwen2.5-1.5b"), "data.gen_len=128",
+                      "data.batch_size=64"),
+    "grpo-1x4-7b/1.5b": ("cluster.devices_per_node=4", "algo=grpo", *models("llama2-7b", "qwen2.5-1.5b"),
+                         "data.gen_len=384", "data.batch_size=16"),
+    "grpo-1x8-7b": ("cluster.devices_per_node=8", "algo=grpo", *models("llama2-7b"), "data.gen_len=384",
+                    "data.batch_size=32"),
+    "grpo-1x8-13b/7b": ("cluster.devices_per_node=8", "algo=grpo", *models("llama2-13b", "llama2-7b"),
+                        "data.gen_len=128", "data.batch_size=64"),
+    "ppo-1x2-mixed": ("cluster.devices_per_node=2",
+                      *models("qwen2.5-1.5b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-0.5b"),
+                      "data.gen_len=128", "data.batch_size=32"),
+    "ppo-1x4-7b/1.5b": ("cluster.devices_per_node=4",
+                        *models("llama2-7b", "qwen2.5-1.5b", "llama2-7b", "qwen2.5-1.5b"), "data.gen_len=256",
+                        "data.batch_size=32"),
+    "grpo-2x8-34b/7b": ("cluster.nodes=2", "cluster.devices_per_node=8", "algo=grpo",
+                        *models("codellama-34b", "llama2-7b"), "data.gen_len=384", "data.batch_size=32"),
+    "grpo-4x4-13b": ("cluster.nodes=4", "cluster.devices_per_node=4", "algo=grpo", *models("llama2-13b"),
+                     "data.gen_len=256", "data.batch_size=32"),
+    "ppo-2x2-7b/0.5b": ("cluster.nodes=2", "cluster.devices_per_node=2",
+                        *models("llama2-7b", "qwen2.5-0.5b"), "data.gen_len=128", "data.batch_size=16"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_search_is_within_2_percent_of_exhaustive(name):
+    prob = problem(*SETTINGS[name])
+    found = search(prob, budget_s=60, max_evals=1500, seed=0)
+    best = exhaustive(prob, time_limit_s=120, upper=found.plan)  # exact whatever the start (see below)
+    assert prob.feasible(found.plan) and prob.feasible(best.plan)
+    assert best.iteration_s <= found.iteration_s * (1 + 1e-9)
+    assert found.iteration_s <= 1.02 * best.iteration_s, (found.iteration_s, best.iteration_s)
+
+
+def test_exhaustive_is_exact_on_a_tiny_space():
+    """Against plain enumeration of every combination (no bounds at all)."""
+    import itertools
+
+    from meshrl.plan.execution_plan import ExecutionPlan
+    from meshrl.plan.search import _all_candidates, score
+
+    prob = problem("cluster.devices_per_node=2", "algo=dpo", *models("qwen2.5-0.5b"), "data.batch_size=16")
+    cands = _all_candidates(prob)
+    names = list(cands)
+    brute = min(score(prob, ExecutionPlan(prob.cluster, dict(zip(names, combo, strict=True)))) for combo in
+                itertools.product(*(cands[n] for n in names)))
+    assert exhaustive(prob).iteration_s == pytest.approx(brute)
+
+
+@pytest.mark.parametrize("size,actor,gen", [(8, "llama2-7b", 128), (16, "llama2-13b", 896),
+                                            (32, "codellama-34b", 384)])
+def test_search_never_worse_than_the_strategies(size, actor, gen):
+    nodes = size // 8
+    batch = 2**17 // (128 + gen)
+    prob = problem(f"cluster.nodes={nodes}", "cluster.devices_per_node=8", *models(actor, "llama2-7b"),
+                   f"data.gen_len={gen}", f"data.batch_size={batch}")
+    results, _ = compare(prob, [*BUILDERS, "search"], budget_s=1.0)
+    best = min(r.iteration_s for n, r in results.items() if n != "search" and r.feasible)
+    assert results["search"].feasible and results["search"].iteration_s <= best * (1 + 1e-9)
+
+
+def test_a_model_that_fits_nowhere_is_named():
+    prob = problem(*models("llama2-70b"))
+    with pytest.raises(UserError, match=r"models.actor \(68.98B parameters\) fits nowhere"):
+        search(prob, budget_s=1)
