@@ -55,6 +55,8 @@ class ClusterConfig:
 class TrainConfig:
     iterations: int = 20
     seed: int = 1
+    threads: int = 1  # torch CPU threads; the tiny demo model gains nothing from more, and extra
+    # threads collapse when other processes share the cores
 
 
 @dataclass

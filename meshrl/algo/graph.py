@@ -117,7 +117,7 @@ def ppo_graph() -> Graph:
     """PPO (InstructGPT / ReaL): six calls. Training calls write the updated weights only."""
     return Graph([
         Call("actor_gen", "actor", "generate", ("prompts",), ("seqs", "logp_old")),
-        Call("reward_inf", "reward", "inference", ("seqs",), ("scores",)),
+        Call("reward_inf", "reward", "inference", ("seqs", "answers"), ("scores",)),
         Call("ref_inf", "ref", "inference", ("seqs",), ("logp_ref",)),
         Call("critic_inf", "critic", "inference", ("seqs",), ("values",)),
         Call("actor_train", "actor", "train", ("seqs", "logp_old", "logp_ref", "scores", "values"),
@@ -128,11 +128,57 @@ def ppo_graph() -> Graph:
 
 
 def grpo_graph(n_samples: int) -> Graph:
-    """GRPO: no critic; n samples per prompt, group-normalised rewards, KL loss to the reference."""
+    """GRPO: no critic; n samples per prompt, group-normalised rewards, KL loss to the reference.
+    RLOO has the same calls (only the advantage differs): see ``rloo_graph``."""
     return Graph([
         Call("actor_gen", "actor", "generate", ("prompts",), ("seqs", "logp_old"), n_samples),
-        Call("reward_inf", "reward", "inference", ("seqs",), ("scores",), n_samples),
+        Call("reward_inf", "reward", "inference", ("seqs", "answers"), ("scores",), n_samples),
         Call("ref_inf", "ref", "inference", ("seqs",), ("logp_ref",), n_samples),
         Call("actor_train", "actor", "train", ("seqs", "logp_old", "logp_ref", "scores"),
              ("actor_stats",), n_samples),
     ])
+
+
+def rloo_graph(n_samples: int) -> Graph:
+    """RLOO: GRPO's calls; each sample's baseline is the mean reward of its prompt's other samples."""
+    return grpo_graph(n_samples)
+
+
+def remax_graph() -> Graph:
+    """ReMax: no critic; a second, greedy generation whose reward is the baseline."""
+    return Graph([
+        Call("actor_gen", "actor", "generate", ("prompts",), ("seqs", "logp_old")),
+        Call("actor_gen_greedy", "actor", "generate", ("prompts",), ("seqs_greedy",)),
+        Call("reward_inf", "reward", "inference", ("seqs", "answers"), ("scores",)),
+        Call("reward_inf_greedy", "reward", "inference", ("seqs_greedy", "answers"), ("scores_greedy",)),
+        Call("ref_inf", "ref", "inference", ("seqs",), ("logp_ref",)),
+        Call("actor_train", "actor", "train", ("seqs", "logp_old", "logp_ref", "scores", "scores_greedy"),
+             ("actor_stats",)),
+    ])
+
+
+def sft_graph() -> Graph:
+    """Supervised fine-tuning: one train call on (prompt, response) sequences from the dataset."""
+    return Graph([Call("actor_train", "actor", "train", ("sft_seqs",), ("actor_stats",))])
+
+
+def rm_graph() -> Graph:
+    """Bradley-Terry reward-model training on preference pairs from the dataset."""
+    return Graph([Call("reward_train", "reward", "train", ("pairs",), ("reward_stats",))])
+
+
+def dpo_graph() -> Graph:
+    """DPO: the frozen reference scores both sides of each pair once, then the actor trains."""
+    return Graph([
+        Call("ref_inf", "ref", "inference", ("pairs",), ("ref_pair_logps",)),
+        Call("actor_train", "actor", "train", ("pairs", "ref_pair_logps"), ("actor_stats",)),
+    ])
+
+
+def graph_for(algo: str, n_samples: int = 1) -> Graph:
+    """The call graph of one iteration of ``algo`` (ppo|grpo|remax|rloo|dpo|sft|rm)."""
+    graphs = {"ppo": ppo_graph, "grpo": lambda: grpo_graph(n_samples), "rloo": lambda: rloo_graph(n_samples),
+              "remax": remax_graph, "sft": sft_graph, "rm": rm_graph, "dpo": dpo_graph}
+    if algo not in graphs:
+        raise UserError(f"algo={algo!r} is not one of {', '.join(graphs)}")
+    return graphs[algo]()

@@ -1,0 +1,121 @@
+"""Build what a run needs from the config: tokenizer, role models and optimizers, datasets.
+
+Without paths this is the built-in demo: the ``tiny`` preset, the byte tokenizer, and the
+synthetic task of meshrl/data/demo.py.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..config import Config
+from ..data import demo
+from ..data.encode import encode_prompts, encode_sequences
+from ..data.jsonl import read_jsonl
+from ..errors import UserError
+from ..model.checkpoint import build_model, load_pretrained
+from ..model.tokenizer import ByteTokenizer, load_tokenizer
+from .batch import Batch
+from .common import Role, make_optimizer
+
+DEMO_SFT_RECORDS = 2000  # noisy demonstrations for the warm-up / algo=sft
+DEMO_PAIRS = 2000  # training preference pairs (algo=rm, algo=dpo)
+DEMO_HELDOUT_PAIRS = 400  # held-out pairs for the reward model's accuracy
+
+
+def tokenizer_for(cfg: Config):
+    """The actor checkpoint's tokenizer, else (a preset) the byte tokenizer."""
+    return load_tokenizer(cfg.models.actor.path) if cfg.models.actor.path else ByteTokenizer()
+
+
+def load_policy(cfg: Config, seed: int) -> torch.nn.Module:
+    spec = cfg.models.actor
+    return load_pretrained(spec.path) if spec.path else build_model(spec.preset or "tiny", seed=seed)
+
+
+def value_model_like(actor: torch.nn.Module, spec, seed: int) -> torch.nn.Module:
+    """A critic / reward model: from its own checkpoint, else the actor's backbone + a fresh head
+    (InstructGPT initialises the critic from the reward model or the policy)."""
+    if spec.path:
+        return load_pretrained(spec.path, value_head=True, seed=seed)
+    model = build_model(actor.config, seed=seed, value_head=True)
+    model.model.load_state_dict(actor.model.state_dict())
+    with torch.no_grad():
+        model.score.weight.zero_()  # start every value at 0, so early advantages are the rewards
+    return model
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    return ref.eval()
+
+
+def build_roles(cfg: Config, actor: torch.nn.Module) -> dict[str, Role]:
+    """Roles for ``cfg.algo`` around an initialised actor (after any SFT warm-up)."""
+    seed, algo = cfg.train.seed, cfg.algo
+    roles: dict[str, Role] = {}
+    if algo == "rm":
+        spec = cfg.models.reward
+        rm = (load_pretrained(spec.path, value_head=True, seed=seed) if spec.path
+              else build_model(spec.preset or "tiny", seed=seed + 3, value_head=True))
+        roles["reward"] = Role(rm, make_optimizer(rm, cfg.optim.critic_lr, cfg.optim.weight_decay))
+        return roles
+    lr = cfg.sft.lr if algo == "sft" else cfg.optim.lr
+    roles["actor"] = Role(actor, make_optimizer(actor, lr, cfg.optim.weight_decay))
+    if algo == "sft":
+        return roles
+    spec = cfg.models.ref
+    roles["ref"] = Role(frozen_copy(load_pretrained(spec.path) if spec.path else actor))
+    if algo == "dpo":
+        return roles
+    if algo == "ppo":
+        critic = value_model_like(actor, cfg.models.critic, seed + 1)
+        roles["critic"] = Role(critic, make_optimizer(critic, cfg.optim.critic_lr, cfg.optim.weight_decay))
+    rpath = cfg.models.reward.path
+    roles["reward"] = Role(frozen_copy(load_pretrained(rpath, value_head=True)) if rpath else None)
+    return roles
+
+
+def prompt_records(cfg: Config) -> list[dict[str, str]]:
+    if cfg.data.path and cfg.algo not in ("sft", "rm", "dpo"):
+        recs = read_jsonl(cfg.data.path, "prompts")
+        if cfg.models.reward.path is None and any("answer" not in r for r in recs):
+            raise UserError(f"{cfg.data.path}: the rule reward {cfg.reward.rule!r} needs an \"answer\" on "
+                            "every line (or set models.reward.path to use a reward model)")
+        return recs
+    return demo.prompts()
+
+
+def sft_records(cfg: Config) -> list[dict[str, str]]:
+    if cfg.data.path and cfg.algo == "sft":
+        return read_jsonl(cfg.data.path, "sft")
+    return demo.sft_records(cfg.train.seed, DEMO_SFT_RECORDS)
+
+
+def pair_records(cfg: Config, heldout: bool = False) -> list[dict[str, str]]:
+    if cfg.data.path and not heldout:
+        return read_jsonl(cfg.data.path, "pairs")
+    # held-out pairs come from another stream, so none of them is a training pair by construction
+    return demo.preference_records(cfg.train.seed + (10_007 if heldout else 0),
+                                   DEMO_HELDOUT_PAIRS if heldout else DEMO_PAIRS)
+
+
+def encode_prompt_batch(cfg: Config, tok, records: list[dict[str, str]]) -> Batch:
+    return Batch(encode_prompts(tok, records, cfg.data.prompt_len, cfg.data.gen_len))
+
+
+def encode_sft_batch(cfg: Config, tok, records: list[dict[str, str]]) -> Batch:
+    return Batch(encode_sequences(tok, [r["prompt"] for r in records], [r["response"] for r in records],
+                                  cfg.data.prompt_len, cfg.data.gen_len))
+
+
+def encode_pair_batch(cfg: Config, tok, records: list[dict[str, str]]) -> Batch:
+    data = {}
+    for side in ("chosen", "rejected"):
+        enc = encode_sequences(tok, [r["prompt"] for r in records], [r[side] for r in records],
+                               cfg.data.prompt_len, cfg.data.gen_len)
+        data.update({f"{side}_{k}": v for k, v in enc.items()})
+    return Batch(data)

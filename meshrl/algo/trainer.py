@@ -1,0 +1,194 @@
+"""The single-process trainer: build the roles, then walk the algorithm's call graph once per
+iteration, passing one Batch from call to call. It reads top to bottom as the story of a run:
+
+    warm-up SFT (demo only) -> for each iteration: choose data -> run every call in graph order
+    -> metrics (JSONL, TensorBoard, one console line) -> save the trained model
+
+Each call gets only its role and the batch keys it declared, and must return exactly the keys it
+declared (checked here), so a multi-rank runtime can later run each call on its own ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import Config
+from ..observe.metrics import MetricsWriter, summary_line
+from . import setup
+from .batch import Batch
+from .common import CallContext, Role, key_seed, keyed_generator, make_optimizer
+from .graph import Graph, graph_for
+from .kl import kl_estimate
+from .offline import sft_train_call
+from .registry import implementation, tensor_keys
+from .rollout import generate_call, score_call, sequence_reward
+
+RL_ALGOS = ("ppo", "grpo", "remax", "rloo")
+CONSOLE_KEYS = {
+    "rl": ("reward/mean", "kl/k1", "actor/pg_loss", "critic/vf_loss", "response/length"),
+    "sft": ("sft/loss", "reward/mean"), "dpo": ("dpo/loss", "dpo/accuracy", "reward/mean"),
+    "rm": ("rm/loss", "rm/accuracy", "rm/heldout_accuracy"),
+}
+
+
+@dataclass
+class RunResult:
+    metrics: list[dict] = field(default_factory=list)
+    warmup: list[dict] = field(default_factory=list)
+    model_dir: Path | None = None
+
+
+def run_graph(graph: Graph, roles: dict[str, Role], batch: Batch, ctx: CallContext
+              ) -> tuple[Batch, dict[str, float]]:
+    """Run every call in order; returns the batch with all outputs, and stats incl. time/call/*."""
+    stats: dict[str, float] = {}
+    for call in graph.calls:
+        fn = implementation(call, ctx.algo)
+        t0 = time.perf_counter()
+        res = fn(roles[call.role], batch.only(tensor_keys(call.inputs)), ctx)
+        out, st = res if isinstance(res, tuple) else (res, {})
+        stats[f"time/call/{call.name}"] = time.perf_counter() - t0
+        want = sorted(tensor_keys(call.outputs))
+        if sorted(out.keys()) != want:
+            raise RuntimeError(f"call {call.name} wrote {sorted(out.keys())}, but its contract says {want}")
+        batch = batch.with_(**out.data)
+        stats.update(st)
+    return batch, stats
+
+
+def choose_rows(n_data: int, n: int, *key: object) -> torch.Tensor:
+    """``n`` dataset rows for one iteration, keyed by (seed, iteration): without repeats if possible."""
+    g = keyed_generator(*key)
+    return torch.randperm(n_data, generator=g)[:n] if n <= n_data else torch.randint(n_data, (n,), generator=g)
+
+
+def rollout_batch(prompts: Batch, cfg: Config, iteration: int) -> Batch:
+    """The iteration's prompts, each repeated samples_per_prompt times (prompt-major), with the
+    sampling seed of every (prompt, sample): same tokens whatever the split or batch order."""
+    b, n, seed = cfg.data.batch_size, cfg.data.samples_per_prompt, cfg.train.seed
+    rows = choose_rows(len(prompts), b, seed, "prompts", iteration).repeat_interleave(n)
+    sample = torch.arange(n).repeat(b)
+    seeds = torch.tensor([key_seed(seed, iteration, int(p), int(s)) for p, s in zip(rows, sample, strict=True)])
+    return Batch(prompts.select(rows).data).with_(sample_seed=seeds)
+
+
+def rollout_metrics(batch: Batch) -> dict[str, float]:
+    mask = batch["response_mask"].float()
+    out = {"reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
+           "response/length": float(mask.sum(-1).mean())}
+    if "logp_ref" in batch:
+        out["kl/k1"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k1") * mask).sum(-1).mean())
+        out["kl/k3"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k3") * mask).sum(-1).mean())
+    if "scores_greedy" in batch:
+        out["reward/greedy_mean"] = float(batch["scores_greedy"].mean())
+    return out
+
+
+def eval_policy(actor: Role, prompts: Batch, cfg: Config, tok, iteration: int) -> dict[str, float]:
+    """Rule reward of one sample per prompt for batch_size prompts (SFT and DPO runs report it)."""
+    ctx = CallContext(cfg, iteration, tok, algo="ppo")
+    b = rollout_batch(prompts, cfg, iteration)
+    seqs = generate_call(actor, b, ctx)
+    return {"reward/mean": float(score_call(Role(None), seqs.with_(answer_ids=b["answer_ids"]), ctx)["scores"]
+                                 .mean())}
+
+
+def warmup_sft(actor: torch.nn.Module, cfg: Config, tok, log: Callable[[str], None], progress: bool) -> list[dict]:
+    """The demo's quick SFT on noisy demonstrations, before RL starts from a random preset."""
+    from tqdm import tqdm
+
+    data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg))
+    role = Role(actor, make_optimizer(actor, cfg.sft.lr, cfg.optim.weight_decay))
+    records = []
+    bar = tqdm(range(cfg.sft.steps), desc="SFT warm-up", disable=not progress, leave=False)
+    for step in bar:
+        rows = choose_rows(len(data), cfg.sft.batch_size, cfg.train.seed, "warmup", step)
+        _, st = sft_train_call(role, data.select(rows), CallContext(cfg, step, tok, algo="sft"))
+        records.append({"step": step, **st})
+        bar.set_postfix(loss=f"{st['sft/loss']:.3f}")
+    log(f"SFT warm-up: {cfg.sft.steps} steps of {cfg.sft.batch_size} noisy demonstrations, "
+        f"loss {records[0]['sft/loss']:.3f} -> {records[-1]['sft/loss']:.3f}")
+    return records
+
+
+def offline_batch(data: Batch, cfg: Config, iteration: int) -> Batch:
+    rows = choose_rows(len(data), cfg.data.batch_size, cfg.train.seed, "batch", iteration)
+    return Batch(data.select(rows).data)
+
+
+@torch.no_grad()
+def rm_accuracy(rm: torch.nn.Module, pairs: Batch) -> float:
+    """Fraction of pairs where the reward model scores the chosen side above the rejected one."""
+    from .offline import side
+
+    rm.eval()
+    return float((sequence_reward(rm, side(pairs, "chosen_")) > sequence_reward(rm, side(pairs, "rejected_")))
+                 .float().mean())
+
+
+def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = print, progress: bool = True,
+          tensorboard: bool = True) -> RunResult:
+    """Run ``cfg.algo`` for ``cfg.train.iterations`` iterations; write metrics and the model to ``out``."""
+    from tqdm import tqdm
+
+    torch.manual_seed(cfg.train.seed)
+    algo, result = cfg.algo, RunResult()
+    tok = setup.tokenizer_for(cfg)
+    actor = setup.load_policy(cfg, cfg.train.seed)
+    if algo in RL_ALGOS + ("dpo",) and cfg.models.actor.path is None and cfg.sft.warmup:
+        result.warmup = warmup_sft(actor, cfg, tok, log, progress)
+    roles = setup.build_roles(cfg, actor)
+    graph = graph_for(algo, cfg.data.samples_per_prompt)
+    log(f"{algo}: calls {' -> '.join(graph.names)}")
+    prompts = setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg))
+    data = heldout = None
+    if algo == "sft":
+        data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg))
+    elif algo in ("rm", "dpo"):
+        data = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg))
+        heldout = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg, heldout=True))
+    writer = MetricsWriter(out, tensorboard) if out is not None else None
+    keys = CONSOLE_KEYS["rl" if algo in RL_ALGOS else algo]
+    bar = tqdm(range(cfg.train.iterations), desc=algo, disable=not progress)
+    for it in bar:
+        t0 = time.perf_counter()
+        ctx = CallContext(cfg, it, tok)
+        batch = rollout_batch(prompts, cfg, it) if algo in RL_ALGOS else offline_batch(data, cfg, it)
+        batch, stats = run_graph(graph, roles, batch, ctx)
+        record = {"iteration": it, **(rollout_metrics(batch) if algo in RL_ALGOS else {}), **stats}
+        if algo in ("sft", "dpo") and cfg.data.path is None:
+            record.update(eval_policy(roles["actor"], prompts, cfg, tok, it))
+        if algo == "rm":
+            from .offline import side
+
+            with torch.no_grad():
+                record["reward/mean"] = float(sequence_reward(roles["reward"].model, side(batch, "chosen_")).mean())
+                record["rm/heldout_accuracy"] = rm_accuracy(roles["reward"].model, heldout)
+        record["time/iteration"] = time.perf_counter() - t0
+        record["perf/tokens_per_s"] = float(batch.tokens().sum()) / record["time/iteration"]
+        result.metrics.append(record)
+        if writer is not None:
+            writer.write(record)
+        bar.write(summary_line(record, keys)) if progress else log(summary_line(record, keys))
+        if "reward/mean" in record:
+            bar.set_postfix(reward=f"{record['reward/mean']:.3f}")
+    if writer is not None:
+        writer.close()
+    if out is not None:
+        result.model_dir = save_trained(roles, algo, tok, Path(out))
+    return result
+
+
+def save_trained(roles: dict[str, Role], algo: str, tok, out: Path) -> Path:
+    """The trained model as an HF checkpoint: out/reward for algo=rm, else out/actor."""
+    name = "reward" if algo == "rm" else "actor"
+    path = out / name
+    roles[name].model.save_pretrained(str(path))
+    if hasattr(tok, "save_pretrained"):
+        tok.save_pretrained(str(path))
+    return path

@@ -1,0 +1,97 @@
+"""``meshrl train [CONFIG.yaml] [key=value ...] [--out DIR]``: run an algorithm; with no arguments,
+the built-in demo (a quick SFT, then PPO on single-digit addition with the tiny model)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import UserError
+
+DEFAULT_OUT = "runs/demo"
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train with an RLHF algorithm (no arguments: the CPU demo)",
+                              description=__doc__)
+    _add_arguments(p)
+    # argparse cannot take positionals on both sides of an option inside a subcommand, so the
+    # rest of the line is re-parsed in run() with parse_intermixed_args.
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("items", nargs="*", metavar="CONFIG.yaml | key=value",
+                   help="an optional YAML config first, then dotted overrides such as algo=grpo")
+    p.add_argument("--out", default=None, help=f"output directory (default: {DEFAULT_OUT} for the demo, "
+                   "runs/<algo> otherwise)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar; one plain line per iteration")
+
+
+def _reparse(args: argparse.Namespace) -> argparse.Namespace:
+    inner = argparse.ArgumentParser(prog="meshrl train", add_help=False)
+    _add_arguments(inner)
+    try:
+        more = inner.parse_intermixed_args(args.rest)
+    except SystemExit:
+        raise UserError(f"cannot parse arguments {' '.join(args.rest)!r}; see meshrl train --help") from None
+    return argparse.Namespace(items=args.items + more.items, out=more.out or args.out,
+                              no_progress=args.no_progress or more.no_progress)
+
+
+def split_items(items: list[str]) -> tuple[str | None, list[str]]:
+    """A first item without '=' is the config file; all the others must be key=value."""
+    config = None
+    if items and "=" not in items[0]:
+        config, items = items[0], items[1:]
+    bad = [i for i in items if "=" not in i]
+    if bad:
+        raise UserError(f"expected key=value overrides after the config file, got {bad[0]!r}")
+    return config, items
+
+
+def sizes_line(cfg) -> str:
+    """What each size means for this run (users of RLHF systems ask for exactly this)."""
+    d, p = cfg.data, cfg.ppo
+    if cfg.algo in ("sft", "rm", "dpo"):
+        unit = "sequences" if cfg.algo == "sft" else "preference pairs"
+        return f"sizes: {d.batch_size} {unit} per step, {cfg.train.iterations} steps"
+    seqs = d.batch_size * d.samples_per_prompt
+    return (f"sizes: {d.batch_size} prompts x {d.samples_per_prompt} samples = {seqs} sequences per iteration; "
+            f"{p.epochs} epoch(s) of {p.mini_batches} mini-batches (~{seqs // p.mini_batches} sequences, one "
+            f"optimizer step each); {p.micro_batches} micro-batch(es) per mini-batch; "
+            f"{cfg.train.iterations} iterations; prompt <= {d.prompt_len} tokens, response <= {d.gen_len}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import dump_yaml, load_config
+
+    args = _reparse(args)
+    config, overrides = split_items(args.items)
+    cfg = load_config(config, overrides)
+    is_demo = config is None and cfg.data.path is None
+    out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    for key, spec in vars(cfg.models).items():
+        if spec.path is not None and not Path(spec.path).is_dir():
+            raise UserError(f"models.{key}.path: no checkpoint directory at {spec.path}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(dump_yaml(cfg))
+
+    import torch
+
+    from ..algo.trainer import train
+
+    torch.set_num_threads(max(1, cfg.train.threads))
+    print(f"meshrl train: algo={cfg.algo}{' (built-in demo: single-digit addition, tiny model)' if is_demo else ''}")
+    print(sizes_line(cfg))
+    result = train(cfg, out, progress=not args.no_progress)
+    last = result.metrics[-1] if result.metrics else {}
+    first = result.metrics[0] if result.metrics else {}
+    if "reward/mean" in last:
+        print(f"reward/mean: {first['reward/mean']:.3f} at iteration 0 -> {last['reward/mean']:.3f} at "
+              f"iteration {last['iteration']}")
+    print(f"outputs in {out}/: config.yaml, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
+          f"{result.model_dir.name}/ (Hugging Face checkpoint)")
+    return 0

@@ -1,0 +1,64 @@
+"""The built-in demo task: single-digit addition, generated from a seed (nothing to download).
+
+    prompt "7+5="   answer "12"   (byte tokens, then EOS)
+
+The SFT demonstrations are deliberately *noisy*: with probability ``SFT_NOISE`` the answer is
+replaced by a near miss (off by 1..3), like imperfect human demonstrations. SFT therefore learns
+the format and a policy that is right only part of the time; RL with the exact-match rule then
+has to find, and reinforce, the right answers. That makes the reward rise clearly within minutes
+on a CPU while every number stays checkable.
+
+Preference pairs (for the reward model and DPO) prefer the right answer over a near miss.
+"""
+
+from __future__ import annotations
+
+import random
+
+MAX_OPERAND = 9
+SFT_NOISE = 0.6  # fraction of SFT answers that are wrong
+
+
+def problems() -> list[tuple[int, int]]:
+    """Every (a, b) with 0 <= a, b <= MAX_OPERAND, in a fixed order."""
+    return [(a, b) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1)]
+
+
+def _prompt(a: int, b: int) -> str:
+    return f"{a}+{b}="
+
+
+def _near_miss(rng: random.Random, answer: int) -> int:
+    """A wrong answer within 3 of the right one, never negative."""
+    while True:
+        wrong = answer + rng.choice((-3, -2, -1, 1, 2, 3))
+        if wrong >= 0:
+            return wrong
+
+
+def prompts() -> list[dict[str, str]]:
+    """The RL prompt set: every problem once, with its answer for the rule reward."""
+    return [{"prompt": _prompt(a, b), "answer": str(a + b)} for a, b in problems()]
+
+
+def sft_records(seed: int, n: int, noise: float = SFT_NOISE) -> list[dict[str, str]]:
+    """``n`` noisy demonstrations {"prompt", "response"} drawn with ``random.Random(seed)``."""
+    rng = random.Random(seed)
+    probs = problems()
+    out = []
+    for _ in range(n):
+        a, b = rng.choice(probs)
+        ans = a + b if rng.random() >= noise else _near_miss(rng, a + b)
+        out.append({"prompt": _prompt(a, b), "response": str(ans)})
+    return out
+
+
+def preference_records(seed: int, n: int) -> list[dict[str, str]]:
+    """``n`` pairs {"prompt", "chosen" (right answer), "rejected" (a near miss)}."""
+    rng = random.Random(seed)
+    probs = problems()
+    out = []
+    for _ in range(n):
+        a, b = rng.choice(probs)
+        out.append({"prompt": _prompt(a, b), "chosen": str(a + b), "rejected": str(_near_miss(rng, a + b))})
+    return out

@@ -1,0 +1,85 @@
+"""Records (strings) to the fixed-width tensors of algo/batch.py.
+
+Prompts are ``[bos] + tokens`` left-padded to P = data.prompt_len; responses are ``tokens + [eos]``
+right-padded to N = data.gen_len. Too-long text is a UserError naming the record, never a silent
+truncation (a truncated answer would silently change the task).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import UserError
+from ..model.tokenizer import ByteTokenizer
+
+
+def _plain(tok, text: str) -> list[int]:
+    """Tokens of ``text`` with no special tokens added."""
+    if isinstance(tok, ByteTokenizer):
+        return tok.encode(text)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def encode_prompt(tok, text: str, prompt_len: int, where: str) -> list[int]:
+    """[bos] + tokens of a prompt (bos only if the tokenizer has one)."""
+    ids = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + _plain(tok, text)
+    if len(ids) > prompt_len:
+        raise UserError(f"{where}: prompt is {len(ids)} tokens, more than data.prompt_len={prompt_len}")
+    return ids
+
+
+def encode_response(tok, text: str, gen_len: int, where: str) -> list[int]:
+    ids = _plain(tok, text) + ([tok.eos_token_id] if tok.eos_token_id is not None else [])
+    if len(ids) > gen_len:
+        raise UserError(f"{where}: response is {len(ids)} tokens, more than data.gen_len={gen_len}")
+    return ids
+
+
+def left_pad(rows: list[list[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> ids, mask [B, width], real tokens at the right end."""
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def right_pad(rows: list[list[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> ids, mask [B, width], real tokens at the left end."""
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+def encode_prompts(tok, records: list[dict[str, str]], prompt_len: int, answer_len: int
+                   ) -> dict[str, torch.Tensor]:
+    """Prompt records -> prompt_ids, prompt_mask [B, P]; answer_ids [B, answer_len] (bytes of the
+    answer, pad-filled; all pad when a record has no answer)."""
+    pad = tok.pad_token_id
+    prompts = [encode_prompt(tok, r["prompt"], prompt_len, f"prompt {i}") for i, r in enumerate(records)]
+    answers = []
+    for i, r in enumerate(records):
+        a = _plain(tok, r.get("answer", ""))
+        if len(a) > answer_len:
+            raise UserError(f"prompt {i}: answer is {len(a)} tokens, more than data.gen_len={answer_len}")
+        answers.append(a)
+    p_ids, p_mask = left_pad(prompts, prompt_len, pad)
+    a_ids, _ = right_pad(answers, answer_len, pad)
+    return {"prompt_ids": p_ids, "prompt_mask": p_mask, "answer_ids": a_ids}
+
+
+def encode_sequences(tok, prompts: list[str], responses: list[str], prompt_len: int, gen_len: int
+                     ) -> dict[str, torch.Tensor]:
+    """(prompt, response) strings -> input_ids, attention_mask [B, P+N], response_mask [B, N]."""
+    pad = tok.pad_token_id
+    p = [encode_prompt(tok, t, prompt_len, f"record {i}") for i, t in enumerate(prompts)]
+    r = [encode_response(tok, t, gen_len, f"record {i}") for i, t in enumerate(responses)]
+    p_ids, p_mask = left_pad(p, prompt_len, pad)
+    r_ids, r_mask = right_pad(r, gen_len, pad)
+    return {"input_ids": torch.cat([p_ids, r_ids], 1), "attention_mask": torch.cat([p_mask, r_mask], 1),
+            "response_mask": r_mask}

@@ -1,0 +1,64 @@
+"""Metrics sinks: one JSON object per iteration in metrics.jsonl, the same scalars in TensorBoard,
+and a one-line console summary.
+
+Keys (DESIGN.md): ``iteration``, ``reward/mean``, losses, ``kl/*``; everything that depends on
+timing is under ``time/`` or ``perf/``, and every other figure is deterministic for a fixed seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+TIMING_PREFIXES = ("time/", "perf/")
+
+
+def deterministic_part(record: dict) -> dict:
+    """The record without its timing-dependent keys (what must repeat exactly for a fixed seed)."""
+    return {k: v for k, v in record.items() if not k.startswith(TIMING_PREFIXES)}
+
+
+class MetricsWriter:
+    """Appends to ``out/metrics.jsonl`` and writes TensorBoard events under ``out/tensorboard``."""
+
+    def __init__(self, out: str | Path, tensorboard: bool = True) -> None:
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.path = self.out / "metrics.jsonl"
+        self.path.write_text("")
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # imported here: it is slow to import
+
+            self.tb = SummaryWriter(str(self.out / "tensorboard"))
+
+    def write(self, record: dict) -> None:
+        """record: {"iteration": int, name: float, ...}; non-finite floats are written as null."""
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+        if self.tb is not None:
+            step = int(record["iteration"])
+            for k, v in record.items():
+                if k != "iteration" and isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.flush()
+            self.tb.close()
+
+
+def summary_line(record: dict, keys: tuple[str, ...]) -> str:
+    """'it   3 | reward/mean 0.412 | actor/pg_loss -0.013 | ...' for the keys present."""
+    parts = [f"it {record['iteration']:3d}"]
+    for k in keys:
+        if k in record and record[k] is not None:
+            v = record[k]
+            parts.append(f"{k} {v:.3f}" if abs(v) >= 1e-3 or v == 0 else f"{k} {v:.2e}")
+    return " | ".join(parts)
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
