@@ -1,0 +1,218 @@
+"""The RL calls on a model handle (one process or one rank of a layout): batch in, batch out.
+
+Same data contracts and the same pure functions as meshrl/algo/rollout.py and updates.py (the
+single-process trainer's calls), with the model reached through the handle protocol
+(meshrl/runtime/handles.py) so any layout can run them:
+
+- inference calls (generate, scores, ref log-probs, values) are row-wise: each data-parallel
+  replica gets its token-balanced part (``Batch.split``) and returns its rows with their index, on
+  the ranks that hold outputs (last pipeline stage), else None;
+- train calls get the whole batch (advantages are whitened / grouped over it), cut it into the
+  keyed mini-batches, and give each replica its part of every mini-batch; each loss is divided by
+  the token count of the whole mini-batch, so the split changes only the summation order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..algo.advantages import last_token_index
+from ..algo.batch import Batch
+from ..algo.common import CallContext, StatSum, minibatch_rows
+from ..algo.graph import Call
+from ..algo.kl import kl_estimate
+from ..algo.losses import masked_sum_over, policy_loss, value_loss
+from ..algo.offline import SEQ_KEYS
+from ..algo.rewards import get_rule
+from ..algo.rollout import decode_responses
+from ..algo.updates import critic_free_advantages, kl_settings, ppo_advantages
+from ..model.generation import GenerationConfig
+from ..parallel.model import HeadOutputs
+from .handles import ModelHandle
+
+
+@dataclass
+class Place:
+    """Where this rank sits in its call: its dp replica, the micro-batches per replica, whether it
+    holds outputs (last pipeline stage), and the group over which the replicas' stats are summed."""
+
+    dp_index: int = 0
+    dp_size: int = 1
+    micro_batches: int = 1
+    holds_output: bool = True
+    dp_group: object = None
+
+
+def _prompt_len(batch: Batch) -> int:
+    return batch["input_ids"].shape[1] - batch["response_mask"].shape[1]
+
+
+def generate_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: Place, greedy: bool = False
+                  ) -> Batch:
+    """prompt_ids, prompt_mask [b, P], sample_seed [b] -> input_ids, attention_mask [b, P+N],
+    response_mask [b, N], logp_old [b, N]; row i samples from sample_seed[i] only."""
+    cfg, tok = ctx.cfg, ctx.tokenizer
+    p_ids, p_mask = part["prompt_ids"], part["prompt_mask"]
+    prompts = [row[m.bool()].tolist() for row, m in zip(p_ids, p_mask, strict=True)]
+    gcfg = GenerationConfig(max_new_tokens=cfg.data.gen_len, greedy=greedy, temperature=cfg.gen.temperature,
+                            top_k=cfg.gen.top_k, top_p=cfg.gen.top_p, eos_token_id=tok.eos_token_id,
+                            pad_token_id=tok.pad_token_id)
+    out = h.generate(prompts, gcfg, None if greedy else part["sample_seed"].tolist())
+    n, b = cfg.data.gen_len, len(prompts)
+    resp = torch.full((b, n), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(b, n, dtype=torch.long)
+    logp = torch.zeros(b, n, dtype=torch.float32)
+    w = out.responses.shape[1]
+    resp[:, :w], mask[:, :w], logp[:, :w] = out.responses, out.response_mask, out.response_logprobs
+    return Batch({"input_ids": torch.cat([p_ids, resp], 1), "attention_mask": torch.cat([p_mask, mask], 1),
+                  "response_mask": mask, "logp_old": logp * mask}, part.index)
+
+
+def score_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: Place) -> Batch | None:
+    """scores [b]: the rule's verdict (no model), else the reward model's value at the last token."""
+    if h is None:
+        rule, tok = get_rule(ctx.cfg.reward.rule), ctx.tokenizer
+        answers = [tok.decode(a.tolist()) for a in part["answer_ids"]]
+        scores = [rule(r, a) for r, a in zip(decode_responses(part, tok), answers, strict=True)]
+        return Batch({"scores": torch.tensor(scores, dtype=torch.float32)}, part.index)
+    values = h.values(part["input_ids"], part["attention_mask"], place.micro_batches)
+    if values is None:
+        return None
+    last = _prompt_len(part) + last_token_index(part["response_mask"])
+    return Batch({"scores": values.float().gather(1, last[:, None]).squeeze(1)}, part.index)
+
+
+def ref_logprob_rows(h: ModelHandle, part: Batch, ctx: CallContext, place: Place) -> Batch | None:
+    """logp_ref [b, N]: log-probs of the response tokens, 0 on padding."""
+    lp = h.logprobs(part["input_ids"], part["attention_mask"], place.micro_batches)
+    if lp is None:
+        return None
+    return Batch({"logp_ref": lp[:, _prompt_len(part) - 1:] * part["response_mask"]}, part.index)
+
+
+def value_rows(h: ModelHandle, part: Batch, ctx: CallContext, place: Place) -> Batch | None:
+    """values [b, N]: V(state before response token t), 0 on padding."""
+    v = h.values(part["input_ids"], part["attention_mask"], place.micro_batches)
+    if v is None:
+        return None
+    p = _prompt_len(part)
+    return Batch({"values": v[:, p - 1:-1].float() * part["response_mask"]}, part.index)
+
+
+def _reduce(stats: StatSum, place: Place) -> dict[str, float]:
+    """Sum the replicas' stats (each already divided by the whole mini-batch's count)."""
+    names = sorted(stats.sums)
+    if place.dp_group is not None and names:
+        t = torch.tensor([stats.sums[n] for n in names], dtype=torch.float64)
+        dist.all_reduce(t, group=place.dp_group)
+        return dict(zip(names, t.tolist(), strict=True))
+    return dict(stats.sums)
+
+
+def _minibatches(data: Batch, ctx: CallContext, place: Place):
+    """(replica part as a dict of tensors, its micro-batch count) of each keyed mini-batch, with the
+    whole mini-batch's token count."""
+    cfg = ctx.cfg
+    for epoch in range(cfg.ppo.epochs):
+        for rows in minibatch_rows(len(data), cfg.ppo.mini_batches, cfg.train.seed, ctx.iteration, epoch):
+            mb = data.select(rows)
+            denom = float(mb["response_mask"].sum().clamp(min=1))
+            part = mb.split(place.dp_size)[place.dp_index] if place.dp_size > 1 else mb
+            yield dict(part.data), min(place.micro_batches, len(part)), denom
+
+
+def actor_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> dict[str, float]:
+    """PPO-clip updates of the actor (ppo.epochs x ppo.mini_batches steps); -> actor/* stats."""
+    cfg = ctx.cfg
+    adv = ppo_advantages(batch, cfg)[0] if ctx.algo == "ppo" else critic_free_advantages(batch, cfg, ctx.algo)
+    mode, est = kl_settings(cfg, ctx.algo)
+    keys = ["input_ids", "attention_mask", "response_mask", "logp_old", "logp_ref"]
+    data = Batch({k: batch[k] for k in keys}).with_(advantages=adv)
+    stats, steps = StatSum(), 0
+    for part, micro, denom in _minibatches(data, ctx, place):
+        h.forward_backward(part, _actor_loss_fn(cfg, mode, est, denom, stats), micro,
+                           entropy=cfg.ppo.entropy_coef != 0.0)
+        stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
+        steps += 1
+    sums = _reduce(stats, place) if place.holds_output else {}
+    return {f"actor/{k}": v / steps for k, v in sums.items()}
+
+
+def _actor_loss_fn(cfg, mode: str, est: str, denom: float, stats: StatSum
+                   ) -> Callable[[HeadOutputs, dict], torch.Tensor]:
+    def loss_fn(out: HeadOutputs, mb: dict) -> torch.Tensor:
+        mask = mb["response_mask"].float()
+        p = mb["input_ids"].shape[1] - mask.shape[1]
+        logp = out.logprobs[:, p - 1:]
+        loss, st = policy_loss(logp, mb["logp_old"], mb["advantages"], mask, cfg.ppo.clip, denom)
+        stats.add("pg_loss", loss.detach())
+        for k, v in st.items():
+            stats.add(k, v)
+        if mode == "loss" and cfg.ppo.kl_coef != 0.0:
+            kl = masked_sum_over(kl_estimate(logp, mb["logp_ref"], est), mask, denom)
+            stats.add("kl_loss", kl.detach())
+            loss = loss + cfg.ppo.kl_coef * kl
+        if cfg.ppo.entropy_coef != 0.0:
+            ent = masked_sum_over(out.entropy[:, p - 1:], mask, denom)
+            stats.add("entropy", ent.detach())
+            loss = loss - cfg.ppo.entropy_coef * ent
+        return loss
+
+    return loss_fn
+
+
+def critic_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> dict[str, float]:
+    """Clipped value regression on the GAE returns, same mini-batches as the actor; -> critic/*."""
+    cfg = ctx.cfg
+    _, returns = ppo_advantages(batch, cfg)
+    keys = ["input_ids", "attention_mask", "response_mask", "values"]
+    data = Batch({k: batch[k] for k in keys}).with_(returns=returns)
+    stats, steps = StatSum(), 0
+
+    def make_loss(denom: float) -> Callable[[HeadOutputs, dict], torch.Tensor]:
+        def loss_fn(out: HeadOutputs, mb: dict) -> torch.Tensor:
+            mask = mb["response_mask"].float()
+            p = mb["input_ids"].shape[1] - mask.shape[1]
+            v = out.values[:, p - 1:-1].float() * mask
+            loss, st = value_loss(v, mb["values"], mb["returns"], mask, cfg.ppo.value_clip, denom)
+            stats.add("vf_loss", loss.detach())
+            stats.add("vf_clipfrac", st["clipfrac"])
+            return loss
+        return loss_fn
+
+    for part, micro, denom in _minibatches(data, ctx, place):
+        h.forward_backward(part, make_loss(denom), micro)
+        stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
+        steps += 1
+    sums = _reduce(stats, place) if place.holds_output else {}
+    return {f"critic/{k}": v / steps for k, v in sums.items()}
+
+
+def _suffixed(b: Batch, suffix: str) -> Batch:
+    return Batch({k + suffix: v for k, v in b.data.items()}, b.index)
+
+
+def _gen_greedy(h, part: Batch, ctx: CallContext, place: Place) -> Batch:
+    out = generate_rows(h, part, ctx, place, greedy=True)
+    return _suffixed(out.only(list(SEQ_KEYS)), "_greedy")
+
+
+def _score_greedy(h, part: Batch, ctx: CallContext, place: Place) -> Batch | None:
+    unsuffixed = Batch({k.removesuffix("_greedy"): v for k, v in part.data.items()}, part.index)
+    out = score_rows(h, unsuffixed, ctx, place)
+    return None if out is None else Batch({"scores_greedy": out["scores"]}, part.index)
+
+
+ROW_CALLS = {"actor_gen": generate_rows, "actor_gen_greedy": _gen_greedy, "reward_inf": score_rows,
+             "reward_inf_greedy": _score_greedy, "ref_inf": ref_logprob_rows, "critic_inf": value_rows}
+TRAIN_CALLS = {"actor_train": actor_train, "critic_train": critic_train}
+RUNTIME_ALGOS = ("ppo", "grpo", "rloo", "remax")
+
+
+def implementation(call: Call) -> Callable:
+    """The runtime function of a call of an RL graph (row-wise or train)."""
+    return ROW_CALLS.get(call.name) or TRAIN_CALLS[call.name]

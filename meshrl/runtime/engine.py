@@ -1,0 +1,145 @@
+"""The SPMD engine: every rank walks the same global order of steps and does the ones that include it.
+
+    roles = build_roles(...)                      # home ParallelModels + per-placement copies
+    for step in schedule.steps(graph, plan, ...):   # identical list on every rank
+        if rank in step.ranks: do(step)            # call | realloc | transfer | end of iteration
+
+Data lives per iteration: ``store[t]`` holds the whole-batch tensors this rank has (the dataset's
+keys, computed locally from (seed, iteration), plus every producer's output it received);
+``held[(call, t)]`` holds the rows of the dp replica whose output this rank holds. At the end of an
+iteration every rank hands its statistics, timings and trace events to rank 0 (one gather_object),
+which writes the metrics record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ..algo import setup
+from ..algo.batch import Batch
+from ..algo.common import CallContext
+from ..algo.graph import Graph, graph_for
+from ..algo.registry import tensor_keys
+from ..algo.trainer import rollout_batch, rollout_metrics
+from ..config import Config
+from ..parallel.groups import GroupCache
+from ..plan.execution_plan import ExecutionPlan
+from .calls import ROW_CALLS, Place, implementation
+from .roles import RoleModels, build_roles, initial_states
+from .schedule import Step, holders, report_rank, steps
+from .transfer import exchange
+
+
+@dataclass
+class RankLog:
+    """What one rank measured in one iteration: stats it reports, seconds per step, trace events."""
+
+    stats: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    events: list[tuple[str, str, float, float]] = field(default_factory=list)  # (name, kind, start, dur)
+
+
+class Engine:
+    """One rank's view of a run of ``cfg`` under ``plan``."""
+
+    def __init__(self, cfg: Config, plan: ExecutionPlan, cache: GroupCache, timeout_s: float = 300.0,
+                 log: Callable[[str], None] = print, status: Path | None = None) -> None:
+        self.cfg, self.plan, self.timeout = cfg, plan, timeout_s
+        self.rank, self.log, self.status = dist.get_rank(), log, status
+        self.graph: Graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+        self.tok = setup.tokenizer_for(cfg)
+        self.prompts = setup.encode_prompt_batch(cfg, self.tok, setup.prompt_records(cfg))
+        self.roles: dict[str, RoleModels] = build_roles(cfg, self.graph, plan, initial_states(cfg, self.tok, log),
+                                                        cache, timeout_s)
+        self.store: dict[int, Batch] = {}
+        self.held: dict[tuple[str, int], Batch] = {}
+        self.logs: dict[int, RankLog] = {}
+
+    # ---- the walk -------------------------------------------------------------------------
+    def run(self, start: int, stop: int, on_end: Callable[[int, list[RankLog] | None], None]) -> None:
+        """Iterations start..stop-1. ``on_end(t, logs)`` runs on every rank after iteration t, with
+        all ranks' logs on rank 0 (None elsewhere)."""
+        for step in steps(self.graph, self.plan, start, stop):
+            if self.rank not in step.ranks:
+                continue
+            self._mark(step)
+            t0 = time.time()
+            try:
+                self._do(step)
+            except Exception as e:
+                raise RuntimeError(f"rank {self.rank} failed in step '{step.name}' of iteration "
+                                   f"{step.iteration}: {type(e).__name__}: {e}") from e
+            if step.kind == "end":
+                on_end(step.iteration, self._gather(step.iteration))
+                continue
+            lg = self.logs.setdefault(step.iteration, RankLog())
+            dur = time.time() - t0
+            key = {"call": "time/call/", "realloc": "time/realloc/", "transfer": "time/transfer/"}[step.kind]
+            label = step.name.split(" ", 1)[-1]
+            lg.seconds[key + label] = lg.seconds.get(key + label, 0.0) + dur
+            lg.events.append((step.name, step.kind, t0, dur))
+
+    def _mark(self, step: Step) -> None:
+        """Leave the current step where the launcher can read it if this rank dies (names the call)."""
+        if self.status is not None:
+            self.status.write_text(f"{step.name} (iteration {step.iteration})")
+
+    def _do(self, step: Step) -> None:
+        if step.kind == "call":
+            self._call(step)
+        elif step.kind == "realloc":
+            self.roles[step.role].refresh(self.plan.calls[step.call].placement, self.rank, self.timeout)
+        elif step.kind == "transfer":
+            self._transfer(step)
+
+    def _batch(self, t: int) -> Batch:
+        if t not in self.store:
+            self.store[t] = rollout_batch(self.prompts, self.cfg, t)
+        return self.store[t]
+
+    def _call(self, step: Step) -> None:
+        call, t = self.graph.call(step.call), step.iteration
+        pl = self.plan.calls[call.name].placement
+        role = self.roles[call.role]
+        h = role.handle(pl)
+        dp_i, _, pp_i = pl.coords_of(self.rank)
+        place = Place(dp_i, pl.layout.dp, self.plan.calls[call.name].micro_batches,
+                      holds_output=pp_i == pl.layout.pp - 1,
+                      dp_group=h.groups.dp.group if h is not None else None)
+        ctx = CallContext(self.cfg, t, self.tok)
+        batch = self._batch(t).only(tensor_keys(call.inputs))
+        fn = implementation(call)
+        if call.name in ROW_CALLS:
+            part = batch.split(pl.layout.dp)[dp_i]
+            out = fn(h, part, ctx, place)
+            if self.rank == holders(pl)[dp_i]:
+                self.held[(call.name, t)] = out
+            return
+        stats = fn(h, batch, ctx, place)
+        if self.rank == report_rank(self.plan, call.name):
+            lg = self.logs.setdefault(t, RankLog())
+            lg.stats.update(stats)
+            if call.role == "actor":
+                lg.stats.update(rollout_metrics(batch))
+
+    def _transfer(self, step: Step) -> None:
+        t = step.iteration
+        parts = {d: self.held[(step.src_call, t)] for d, s in enumerate(step.senders) if s == self.rank}
+        merged, _ = exchange(parts, step.senders, step.receivers, self.rank, self.timeout)
+        if merged is not None:
+            self.store[t] = self._batch(t).with_(**merged.data)
+
+    def _gather(self, t: int) -> list[RankLog] | None:
+        """Every rank's log of iteration t to rank 0; drops the iteration's data."""
+        mine = self.logs.pop(t, RankLog())
+        self.store.pop(t, None)
+        for key in [k for k in self.held if k[1] == t]:
+            del self.held[key]
+        out: list[RankLog] | None = [RankLog()] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object(mine, out, dst=0)
+        return out

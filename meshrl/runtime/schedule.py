@@ -1,0 +1,120 @@
+"""The global order of steps of a run: calls, reallocations and data transfers (pure, no torch).
+
+Every rank computes the same list from the Graph and the ExecutionPlan and does the steps whose
+ranks include it; because all ranks meet the communication steps in one order, nothing deadlocks
+and calls on disjoint meshes run at the same time. The rules are the simulator's
+(meshrl/plan/simulator.py ``build_events``), which adds costs to the same order:
+
+- a trained role's *home* is its train call's placement (it holds the optimizer state); a frozen
+  role's home is its first call's placement. Any other call of the role whose placement differs
+  gets a copy made by a ``realloc`` step just before it (the disaggregated shadow-actor refresh is
+  exactly this step);
+- a call's outputs stay on its ranks (one holder per data-parallel replica) until a ``transfer``
+  step moves them to the consumer's ranks that do not have them yet;
+- with ``async_gen=1`` the generation calls of iteration t+1 come before the rest of iteration t,
+  so generation overlaps training and reads weights one update old (one step off-policy).
+
+The simulator's ``build_events`` is bound to cost estimates (a Problem), so the pure order lives
+here; both follow the same rules and the tests compare their step names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..algo.graph import Call, Graph
+from ..plan.execution_plan import ExecutionPlan
+from ..parallel.mesh import Placement
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the global order. ``ranks``: the global ranks that take part (sorted).
+
+    kind 'call':     ``call`` runs on its mesh.
+    kind 'realloc':  ``role``'s weights move from its home placement to ``call``'s placement.
+    kind 'transfer': outputs of ``src_call`` (held by ``senders``, one per dp replica) reach
+                     ``receivers`` (ranks of ``call`` that lack them)."""
+
+    kind: str
+    iteration: int
+    call: str
+    ranks: tuple[int, ...]
+    role: str = ""
+    src_call: str = ""
+    senders: tuple[int, ...] = ()
+    receivers: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        if self.kind == "call":
+            return self.call
+        if self.kind == "realloc":
+            return f"realloc {self.role}->{self.call}"
+        return f"transfer {self.src_call}->{self.call}"
+
+
+def home_calls(graph: Graph) -> dict[str, str]:
+    """role -> the call whose placement holds the role's weights (train call, else first call)."""
+    out: dict[str, str] = {}
+    for c in graph.calls:
+        if c.kind == "train":
+            out[c.role] = c.name
+    for c in graph.calls:
+        out.setdefault(c.role, c.name)
+    return out
+
+
+def holders(placement: Placement) -> tuple[int, ...]:
+    """The rank holding each dp replica's outputs: tp index 0 on the last pipeline stage."""
+    lay = placement.layout
+    return tuple(placement.rank_of(d, 0, lay.pp - 1) for d in range(lay.dp))
+
+
+def _call_steps(graph: Graph, plan: ExecutionPlan, c: Call, t: int, homes: dict[str, str],
+                have: dict[tuple[str, int], set[int]]) -> list[Step]:
+    cp = plan.calls[c.name]
+    out: list[Step] = []
+    home = plan.calls[homes[c.role]]
+    if homes[c.role] != c.name and home.placement != cp.placement:
+        ranks = tuple(sorted(set(home.mesh.ranks) | set(cp.mesh.ranks)))
+        out.append(Step("realloc", t, c.name, ranks, role=c.role))
+    for p in graph.parents(c.name):
+        have_p = have[(p, t)]
+        receivers = tuple(r for r in cp.mesh.ranks if r not in have_p)
+        if receivers:
+            senders = holders(plan.calls[p].placement)
+            out.append(Step("transfer", t, c.name, tuple(sorted(set(senders) | set(receivers))),
+                            src_call=p, senders=senders, receivers=receivers))
+            have_p.update(receivers)
+    out.append(Step("call", t, c.name, tuple(sorted(cp.mesh.ranks)), role=c.role))
+    have[(c.name, t)] = set()  # outputs are split over the dp holders: nobody has them whole
+    return out
+
+
+def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int) -> list[Step]:
+    """The global order of steps of iterations ``start`` .. ``stop - 1`` (see the module doc)."""
+    homes = home_calls(graph)
+    have: dict[tuple[str, int], set[int]] = {}
+    gen = [c for c in graph.calls if c.kind == "generate" and not graph.parents(c.name)]
+    rest = [c for c in graph.calls if c not in gen]
+    out: list[Step] = []
+    if plan.async_gen and start < stop:
+        for c in gen:
+            out += _call_steps(graph, plan, c, start, homes, have)
+    for t in range(start, stop):
+        if not plan.async_gen:
+            for c in gen:
+                out += _call_steps(graph, plan, c, t, homes, have)
+        elif t + 1 < stop:
+            for c in gen:
+                out += _call_steps(graph, plan, c, t + 1, homes, have)
+        for c in rest:
+            out += _call_steps(graph, plan, c, t, homes, have)
+        out.append(Step("end", t, "", tuple(range(plan.cluster.size))))
+    return out
+
+
+def report_rank(plan: ExecutionPlan, call: str) -> int:
+    """The rank that reports a call's statistics: the holder of dp replica 0."""
+    return holders(plan.calls[call].placement)[0]

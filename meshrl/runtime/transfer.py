@@ -1,0 +1,80 @@
+"""Moving a call's outputs between ranks: point-to-point messages on the world group, with deadlines.
+
+A batch part (named tensors plus the row index it was split with) is serialised with torch.save
+into one uint8 tensor and sent as two messages (its length, then its bytes). Sends are
+non-blocking, so a rank that is both a sender and a receiver never waits on itself; every rank
+posts its messages in the global step order, so the pairs match without tags.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+
+import torch
+import torch.distributed as dist
+
+from ..algo.batch import Batch
+
+
+def _encode(part: Batch) -> torch.Tensor:
+    buf = io.BytesIO()
+    torch.save({"data": part.data, "index": part.index}, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def _decode(raw: torch.Tensor) -> Batch:
+    obj = torch.load(io.BytesIO(raw.numpy().tobytes()), weights_only=True)
+    return Batch(obj["data"], obj["index"])
+
+
+class Outbox:
+    """Pending non-blocking sends of one step; ``wait`` bounds them by the deadline."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.works: list[tuple[dist.Work, torch.Tensor]] = []
+
+    def send(self, part: Batch, dst: int) -> int:
+        """Queue ``part`` for rank ``dst``; returns the bytes sent."""
+        payload = _encode(part)
+        size = torch.tensor([payload.numel()], dtype=torch.long)
+        self.works.append((dist.isend(size, dst), size))
+        self.works.append((dist.isend(payload, dst), payload))
+        return payload.numel()
+
+    def wait(self) -> None:
+        for work, _ in self.works:
+            work.wait(self.timeout)
+        self.works.clear()
+
+
+def recv_part(src: int, timeout_s: float) -> Batch:
+    """Receive one batch part sent by ``Outbox.send`` on rank ``src``."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    size = torch.empty(1, dtype=torch.long)
+    dist.irecv(size, src).wait(timeout)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.irecv(payload, src).wait(timeout)
+    return _decode(payload)
+
+
+def exchange(parts: dict[int, Batch], senders: tuple[int, ...], receivers: tuple[int, ...], rank: int,
+             timeout_s: float) -> tuple[Batch | None, int]:
+    """One transfer step. ``parts``: {dp replica: its output rows} that this rank holds (sender ranks
+    hold the replica at their index in ``senders``). Every sender sends its replica to every receiver
+    but itself; each receiver returns the merged batch (rows back in their original order).
+    Returns (merged batch or None, bytes this rank sent)."""
+    sent = 0
+    out = Outbox(timeout_s)
+    for d, s in enumerate(senders):
+        if s == rank:
+            for r in receivers:
+                if r != rank:
+                    sent += out.send(parts[d], r)
+    merged = None
+    if rank in receivers:
+        got = [parts[d] if s == rank else recv_part(s, timeout_s) for d, s in enumerate(senders)]
+        merged = Batch.merge(got) if len(got) > 1 or got[0].index is not None else got[0]
+    out.wait()
+    return merged, sent
