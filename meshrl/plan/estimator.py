@@ -137,12 +137,29 @@ class _Ctx:
         return self.mc.max_stage_params(self.lay.pp) / self.lay.tp * self.hw.dtype_bytes
 
 
-def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False) -> tuple[float, dict]:
+def _measured(fit, units: float, scale: float, tp: int) -> float:
+    return fit.latency + fit.sec_per_byte * units * scale / tp
+
+
+def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, prefill: bool = False
+                  ) -> tuple[float, dict]:
     """One micro-batch of ``b`` sequences, ``new`` new tokens each (context ending at ``ctx``)
-    through the slowest stage: compute + TP all-reduces + the activation send to the next stage."""
+    through the slowest stage: compute + TP all-reduces + the activation send to the next stage.
+    ``prefill``: only the last position goes through the output head."""
     mult = 3.0 if backward else 1.0
-    flops = b * (new * c.mc.matmul_flops_per_token() + c.mc.attn_flops(new, ctx))
-    compute = mult * flops * c.frac / c.lay.tp / c.flops
+    fits = c.hw.layer_fits(c.mc.cfg.hidden_size)
+    head_rows = b if prefill else b * new
+    if fits is not None:  # a measured profile: the model code's own timings, scaled by size
+        fit, fixed = (fits.fwd_bwd, fits.fixed_fwd_bwd) if backward else (fits.fwd, fits.fixed_fwd)
+        if prefill:
+            fixed = fits.fixed_decode  # one head row per sequence, as a decoding step
+        head_scale = c.mc.head_params / fits.head_params
+        compute = (c.stage_layers * _measured(fit, b * new, c.mc.layer_params / fits.layer_params, c.lay.tp)
+                   + _measured(fixed, b if prefill else b * new, head_scale, c.lay.tp))
+    else:
+        layer_flops = 2.0 * c.mc.cfg.num_hidden_layers * c.mc.layer_params * b * new + b * c.mc.attn_flops(new, ctx)
+        flops = layer_flops * c.frac + 2.0 * c.mc.head_params * head_rows
+        compute = mult * flops / c.lay.tp / c.flops
     act = b * new * c.mc.cfg.hidden_size * c.hw.dtype_bytes
     n_ar = (4 if backward else 2) * c.stage_layers
     tp = n_ar * c.hw.all_reduce(act, c.lay.tp, c.links.tp)
@@ -157,6 +174,11 @@ def _decode_step(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:
     kv = b * ctx * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     mem = (c.stage_param_bytes + kv) / c.hw.hbm_bw
     compute = flops / c.flops
+    fits = c.hw.layer_fits(mc.cfg.hidden_size)
+    if fits is not None:  # measured decoding steps already include their memory traffic
+        mem = 0.0
+        compute = (c.stage_layers * _measured(fits.decode, b, mc.layer_params / fits.layer_params, c.lay.tp)
+                   + _measured(fits.fixed_decode, b, mc.head_params / fits.head_params, c.lay.tp))
     act = b * mc.cfg.hidden_size * c.hw.dtype_bytes
     tp = 2 * c.stage_layers * c.hw.all_reduce(act, c.lay.tp, c.links.tp)
     tp += c.hw.all_gather(b * mc.out_width * c.hw.dtype_bytes, c.lay.tp, c.links.tp)  # logits for sampling
@@ -181,7 +203,7 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     s_dp = math.ceil(spec.sequences(shape) / c.lay.dp)
     b = math.ceil(s_dp / m)
     acc: dict[str, float] = {}
-    step, parts = _forward_step(c, b, shape.prompt_len, shape.prompt_len)
+    step, parts = _forward_step(c, b, shape.prompt_len, shape.prompt_len, prefill=True)
     t = _pipeline(c, m, step, parts, acc)
     # Decode: integrate over the growing context at DECODE_POINTS midpoints.
     n_pts = min(DECODE_POINTS, shape.gen_len)

@@ -49,6 +49,21 @@ class LinkFit:
 
 
 @dataclass(frozen=True)
+class LayerFits:
+    """Measured times of one decoder layer of ``layer_params`` parameters (profiles only):
+    forward and forward + backward per token, one decoding step per sequence."""
+
+    layer_params: int
+    head_params: int
+    fwd: LinkFit
+    fwd_bwd: LinkFit
+    decode: LinkFit
+    fixed_fwd: LinkFit  # embedding, head, log-probs, masks: per token
+    fixed_fwd_bwd: LinkFit
+    fixed_decode: LinkFit  # per sequence: the head, log-softmax and sampling of one step
+
+
+@dataclass(frozen=True)
 class Hardware:
     """One device kind plus its links. Bandwidths in bytes/s (one direction), latencies in s.
 
@@ -70,6 +85,13 @@ class Hardware:
     sources: dict[str, str] = field(default_factory=dict)
     matmul: tuple[tuple[int, float], ...] = ()
     measured: dict[str, dict[int, LinkFit]] = field(default_factory=dict)
+    layers: tuple[tuple[int, LayerFits], ...] = ()  # (hidden size, fits), sorted
+
+    def layer_fits(self, hidden: int) -> LayerFits | None:
+        """The measured layer closest in width to ``hidden`` (None for the GPU presets)."""
+        if not self.layers:
+            return None
+        return min(self.layers, key=lambda hf: abs(hf[0] - hidden))[1]
 
     # ---- compute and memory ----------------------------------------------------------------
     def flops_at(self, hidden: int) -> float:
@@ -181,6 +203,12 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> 
         measured = {kind: {int(n): LinkFit(float(v["latency_s"]), float(v["sec_per_byte"]))
                            for n, v in fits.items()}
                     for kind, fits in data.get("collectives", {}).items()}
+        layers = tuple(sorted(
+            (int(h), LayerFits(int(v["layer_params"]), int(v["head_params"]),
+                               *(LinkFit(float(v[k]["latency_s"]), float(v[k]["sec_per_unit"]))
+                                 for k in ("fwd", "fwd_bwd", "decode", "fixed_fwd", "fixed_fwd_bwd",
+                                           "fixed_decode"))))
+            for h, v in data.get("layers", {}).items()))
         p2p = measured.get("p2p", {}).get(2)
         bw = 1.0 / p2p.sec_per_byte if p2p else float(data["mem_bw"])
         lat = p2p.latency if p2p else 0.0
@@ -189,7 +217,7 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> 
                         inter_bw=bw, inter_lat=lat, devices_per_node=devices_per_node, base_lat=0.0,
                         dtype_bytes=int(data.get("dtype_bytes", 4)),
                         sources={"all": f"measured by meshrl profile ({source})"}, matmul=matmul,
-                        measured=measured)
+                        measured=measured, layers=layers)
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"profile {source} is malformed ({e!r}); run `meshrl profile` again") from None
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import UserError
+from .profile_layers import measure_layers
 
 HIDDEN_FULL = (128, 768, 2048, 4096)  # tiny, small, and two larger widths (7B is 4096)
 HIDDEN_QUICK = (128, 768)
@@ -147,6 +148,7 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
     try:
         matmul = measure_matmul(HIDDEN_QUICK if quick else HIDDEN_FULL, reps)
         mem_bw = measure_mem_bw((16 if quick else 256) << 20, reps)
+        layers = measure_layers(quick, reps)
     finally:
         torch.set_num_threads(prev)
     colls: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}
@@ -159,4 +161,4 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
     return {"version": 1, "device": "cpu", "host": platform.node(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "threads_per_rank": 1, "dtype": "float32", "dtype_bytes": 4,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": quick,
-            "matmul": matmul, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls}
+            "matmul": matmul, "layers": layers, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls}
