@@ -45,6 +45,11 @@ def test_value_model_from_causal_lm_checkpoint(ckpt, tmp_path):
     v.save_pretrained(tmp_path / "critic")
     cfg = json.loads((tmp_path / "critic" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForTokenClassification"] and cfg["num_labels"] == 1
+    # transformers reads it as LlamaForTokenClassification (its score.bias starts at 0): same values.
+    import transformers
+    hf = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "critic", dtype=torch.float32)
+    with torch.no_grad():
+        assert (hf.eval()(ids).logits.squeeze(-1) - values).abs().max().item() <= 1e-5
     back = load_pretrained(tmp_path / "critic", value_head=True)
     assert torch.equal(back.score.weight, v.score.weight)
     with pytest.raises(UserError, match="value model.*value_head=True"):
