@@ -119,7 +119,9 @@ class Reallocator:
         # apart on gloo (NCCL matches point-to-point messages in order anyway).
         for b in sends:
             views = [_view(src[p.name], p.region, self.src_slices[p.name]) for p in b.pieces]
-            bufs = [v.view(-1) for v, d in zip(views, b.direct, strict=True) if d]
+            bufs = [v.reshape(-1) for v, d in zip(views, b.direct, strict=True) if d]  # a copy if strided
+            extra += sum(v.numel() * v.element_size() for v, d in zip(views, b.direct, strict=True)
+                         if d and not v.is_contiguous())
             rest = [v.reshape(-1) for v, d in zip(views, b.direct, strict=True) if not d]
             if rest:
                 bufs.append(torch.cat(rest))
@@ -128,7 +130,14 @@ class Reallocator:
             stats.sent += b.nbytes
         for b in recvs:
             views = [_view(dst[p.name], p.region, self.dst_slices[p.name]) for p in b.pieces]
-            bufs = [v.view(-1) for v, d in zip(views, b.direct, strict=True) if d]
+            bufs = []
+            for v in (v for v, d in zip(views, b.direct, strict=True) if d):
+                if v.is_contiguous():
+                    bufs.append(v.view(-1))  # straight into place
+                else:
+                    bufs.append(torch.empty(v.numel(), dtype=dtype, device=device))
+                    inbox.append(([v], bufs[-1]))
+                    extra += bufs[-1].numel() * bufs[-1].element_size()
             rest = [v for v, d in zip(views, b.direct, strict=True) if not d]
             if rest:
                 bufs.append(torch.empty(sum(v.numel() for v in rest), dtype=dtype, device=device))

@@ -2,8 +2,8 @@
 
 Every (src, dst) link carries its transfers, in plan order, grouped into buckets of at most
 ``bucket_bytes`` (a transfer larger than that is cut into row blocks first). Within a bucket,
-large pieces contiguous on both sides travel as their own messages without any copy; the rest are
-packed into one buffer. Round r of the
+large pieces travel as their own messages, with no copy on a side where they are contiguous; the
+small ones are packed into one buffer. Round r of the
 executor moves bucket r of every link at once, so a rank holds at most one send buffer and one
 receive buffer per peer in flight: peak extra memory <= bucket_bytes x (send peers + receive peers),
 and only the packed pieces count toward it.
@@ -23,9 +23,10 @@ DIRECT_MIN_BYTES = 64 << 10  # below this, a message's latency costs more than p
 
 @dataclass(frozen=True)
 class Bucket:
-    """Pieces that travel from ``src`` to ``dst`` in one round. A ``direct`` piece is contiguous in
-    both the source and the destination shard and large: it is its own message, sent from and
-    received into its place. The others are packed, in order, into one message after them."""
+    """Pieces that travel from ``src`` to ``dst`` in one round. A ``direct`` piece is large: it is its
+    own message, sent from its place if it is contiguous in the source shard (else from a copy) and
+    received into its place if it is contiguous in the destination shard (else into a buffer). The
+    small pieces are packed, in order, into one message after them."""
 
     src: int
     dst: int
@@ -59,17 +60,8 @@ def chop(region: Slice, max_elems: int) -> list[Slice]:
     return [((a, a + 1),) + sub for a in range(lo, hi) for sub in chop(rest, max_elems)]
 
 
-def contiguous(region: Slice, shard: Slice) -> bool:
-    """Whether ``region`` is one contiguous block of a row-major local tensor holding ``shard``:
-    after the first dim spanning more than one index, every dim must be taken whole."""
-    dims = [i for i, (a, b) in enumerate(region) if b - a > 1]
-    return not dims or all(region[j] == shard[j] for j in range(dims[0] + 1, len(region)))
-
-
-def _bucket(plan: ReallocPlan, pieces: list[Transfer]) -> Bucket:
-    direct = tuple(p.nbytes >= DIRECT_MIN_BYTES
-                   and contiguous(p.region, plan.src.slice_of(p.src, p.name))
-                   and contiguous(p.region, plan.dst.slice_of(p.dst, p.name)) for p in pieces)
+def _bucket(pieces: list[Transfer]) -> Bucket:
+    direct = tuple(p.nbytes >= DIRECT_MIN_BYTES for p in pieces)
     return Bucket(pieces[0].src, pieces[0].dst, tuple(pieces), direct)
 
 
@@ -85,12 +77,12 @@ def link_buckets(plan: ReallocPlan, bucket_bytes: int) -> dict[tuple[int, int], 
             piece = Transfer(t.name, t.src, t.dst, region, slice_numel(region) * itemsize)
             pieces, size = open_.get(key, ([], 0))
             if pieces and size + piece.nbytes > max_elems * itemsize:
-                out.setdefault(key, []).append(_bucket(plan, pieces))
+                out.setdefault(key, []).append(_bucket(pieces))
                 pieces, size = [], 0
             pieces.append(piece)
             open_[key] = (pieces, size + piece.nbytes)
     for key, (pieces, _) in open_.items():
-        out.setdefault(key, []).append(_bucket(plan, pieces))
+        out.setdefault(key, []).append(_bucket(pieces))
     return out
 
 

@@ -25,7 +25,7 @@ SIX = ModelConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidde
 
 @pytest.fixture(scope="module")
 def pool():
-    with RankPool(8, timeout=120) as p:
+    with RankPool(8, timeout=300, start_timeout=300) as p:
         yield p
 
 

@@ -29,7 +29,7 @@ _PROC: dict = {}  # this process's GroupCache: groups are made once per process 
 
 @pytest.fixture(scope="module")
 def pool():
-    with RankPool(8, timeout=300) as p:
+    with RankPool(8, timeout=300, start_timeout=300) as p:
         yield p
 
 
