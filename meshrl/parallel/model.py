@@ -230,7 +230,8 @@ def gather_full_state(sm: ShardMap, groups: RankGroups, local: Mapping[str, torc
     pending = []
     for name, shape in sm.shapes.items():
         seen: set = set()
-        full = torch.empty(shape, dtype=next(iter(local.values())).dtype) if me == dst else None
+        like = next(iter(local.values()))
+        full = torch.empty(shape, dtype=like.dtype, device=like.device) if me == dst else None
         for r, sl in sm.holders(name):
             if sm.placement.coords_of(r)[0] != 0 or sl in seen:
                 continue
@@ -239,7 +240,7 @@ def gather_full_state(sm: ShardMap, groups: RankGroups, local: Mapping[str, torc
             if r == me == dst:
                 full[idx] = local[name]
             elif me == dst:
-                buf = torch.empty(tuple(b - a for a, b in sl), dtype=full.dtype)
+                buf = torch.empty(tuple(b - a for a, b in sl), dtype=full.dtype, device=full.device)
                 dist.irecv(buf, src=r, group=groups.mp.group).wait(timeout)
                 full[idx] = buf
             elif r == me:

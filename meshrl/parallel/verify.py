@@ -4,10 +4,11 @@ and tests/parallel use this).
 Every rank computes the single-process oracle itself (deterministic on CPU, cached per process),
 runs its part of the parallel model, and compares its own shards with the matching ShardMap slices
 of the oracle, so only a few numbers travel back to the caller. Compared: logits (this rank's
-vocabulary slice of its replica's rows), per-token log-probs, the loss and the gradients of the
-first step (before clipping), the parameters after ``steps`` AdamW steps (with clipping), and greedy
-generations. A difference is ``max|parallel - oracle| / max|oracle|`` per tensor (relative to the
-tensor's scale), the largest over tensors and ranks.
+vocabulary slice of its replica's rows), per-token log-probs and entropies, the loss and the
+gradients of the first step (before clipping), the parameters after ``steps`` AdamW steps (with
+clipping), greedy generations, and sampled generations (top-k / top-p, per-row seeds). A difference
+is ``max|parallel - oracle| / max|oracle|`` per tensor (relative to the tensor's scale), the largest
+over tensors and ranks.
 
 The process-level state below (one GroupCache, the oracle) belongs to the worker process that the
 harness started; the parallel code itself receives the groups explicitly.
@@ -85,6 +86,14 @@ class Probe:
         loss_mask = (mask[:, 1:] * mask[:, :-1]).float()
         return {"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}
 
+    def gen_config(self, greedy: bool):
+        from ..model.generation import GenerationConfig
+        return GenerationConfig(max_new_tokens=self.gen_tokens, greedy=greedy, temperature=1.0, top_k=50,
+                                top_p=0.95, pad_token_id=0)
+
+    def seeds(self) -> list[int]:
+        return [1000 * self.seed + i for i in range(self.rows)]
+
     def prompts(self) -> list[list[int]]:
         gen = torch.Generator().manual_seed(self.seed + 2)
         v = self.config().vocab_size
@@ -108,7 +117,7 @@ def oracle(probe: Probe) -> dict:
     key = ("oracle", probe)
     if key in _PROCESS:
         return _PROCESS[key]
-    from ..model.generation import GenerationConfig, generate, sequence_logprobs
+    from ..model.generation import generate, sequence_logprobs
     from .model import HeadOutputs
 
     model, batch = probe.build(), probe.batch()
@@ -120,8 +129,10 @@ def oracle(probe: Probe) -> dict:
         else:
             out["logits"] = model(ids, mask)
             out["logprobs"] = sequence_logprobs(model, ids, mask)
-            gcfg = GenerationConfig(max_new_tokens=probe.gen_tokens, greedy=True, pad_token_id=0)
-            out["tokens"] = generate(model, probe.prompts(), gcfg).responses
+            z = out["logits"][:, :-1].float()
+            out["entropy"] = -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)
+            out["tokens"] = generate(model, probe.prompts(), probe.gen_config(True)).responses
+            out["sampled"] = generate(model, probe.prompts(), probe.gen_config(False), probe.seeds()).responses
     o = probe.optim
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
                             foreach=False)
@@ -182,7 +193,6 @@ def run_layout(probe: Probe, placement_text: str, micro_batches: int = 2) -> dic
 
 
 def _run_one(probe: Probe, placement: Placement, cache: GroupCache, micro_batches: int) -> dict:
-    from ..model.generation import GenerationConfig
     from .model import ParallelModel
 
     ref, cfg, batch = oracle(probe), probe.config(), probe.batch()
@@ -203,9 +213,11 @@ def _run_one(probe: Probe, placement: Placement, cache: GroupCache, micro_batche
         logits = pm.logits(ids, mask, m)
         if logits is not None:
             res["logits"] = rel_diff(logits, _rows(ref["logits"], dp_n, d)[..., t * vocab:(t + 1) * vocab])
-            res["logprobs"] = rel_diff(pm.logprobs(ids, mask, m), _rows(ref["logprobs"], dp_n, d))
+            lp, ent = pm.logprobs(ids, mask, m, entropy=True)
+            res["logprobs"] = max(rel_diff(lp, _rows(ref["logprobs"], dp_n, d)),
+                                  rel_diff(ent, _rows(ref["entropy"], dp_n, d)))
         else:
-            pm.logprobs(ids, mask, m)  # the other stages take part in the pipeline
+            pm.logprobs(ids, mask, m, entropy=True)  # the other stages take part in the pipeline
     loss_fn = functools.partial(token_loss, n_tokens=float(batch["loss_mask"].sum()))
     slices = pm.sm.params_of(dist.get_rank())
     losses = []
@@ -223,9 +235,11 @@ def _run_one(probe: Probe, placement: Placement, cache: GroupCache, micro_batche
         res["full_state"] = max(rel_diff(full[n], ref["params"][n]) for n in ref["params"])
     if not probe.value_head:
         pm.load_local_state({n: cut_full(initial[n], sl) for n, sl in slices.items()})
-        gcfg = GenerationConfig(max_new_tokens=probe.gen_tokens, greedy=True, pad_token_id=0)
-        out = pm.generate(_rows_list(probe.prompts(), dp_n, d), gcfg)
+        prompts, seeds = _rows_list(probe.prompts(), dp_n, d), _rows_list(probe.seeds(), dp_n, d)
+        out = pm.generate(prompts, probe.gen_config(True))
         res["generate_equal"] = bool(torch.equal(out.responses, _rows(ref["tokens"], dp_n, d)))
+        out = pm.generate(prompts, probe.gen_config(False), seeds)
+        res["sample_equal"] = bool(torch.equal(out.responses, _rows(ref["sampled"], dp_n, d)))
     return res
 
 
@@ -248,8 +262,9 @@ def summarize(placement_text: str, per_rank: list[dict | None]) -> dict:
            "logits_max_rel_diff": max(worst["logits"], worst["values"]),
            "logprobs_max_rel_diff": worst["logprobs"], "loss_max_rel_diff": worst["loss"],
            "grads_max_rel_diff": worst["grads"], "params_max_rel_diff": max(worst["params"], worst["full_state"]),
-           "generate_equal": all(r.get("generate_equal", True) for r in got)}
-    rec["ok"] = rec["generate_equal"] and all(
+           "generate_equal": all(r.get("generate_equal", True) for r in got),
+           "sample_equal": all(r.get("sample_equal", True) for r in got)}
+    rec["ok"] = rec["generate_equal"] and rec["sample_equal"] and all(
         rec[k] <= TOLERANCE for k in ("logits_max_rel_diff", "logprobs_max_rel_diff", "loss_max_rel_diff",
                                       "grads_max_rel_diff", "params_max_rel_diff"))
     return rec
