@@ -5,9 +5,13 @@ between any two meshes (equal, overlapping or disjoint) and TP sizes that do not
 
 Each rank passes its source shards ``{name: tensor}`` (exactly the source ShardMap's slices) and
 gets its destination shards. Per round every link moves one bucket with batched isend/irecv (see
-schedule.py), so peak extra memory <= bucket_bytes x (send peers + receive peers); a bucket that is
-one contiguous piece needs no buffer at all (it is sent from, or received into, its place). Ranks in
-neither mesh do nothing. Every wait has a deadline.
+schedule.py), and round r+1 is posted before round r is waited for, so that links never drain.
+
+Memory bound: besides its source and destination shards, a rank holds at most two rounds of
+buffers, i.e. peak extra memory <= 2 x bucket_bytes x (send peers + receive peers); only strided
+or packed pieces need a buffer (a contiguous piece is sent from, or received into, its place), so
+RunStats.peak_buffer_bytes is usually far below the bound. Ranks in neither mesh do nothing. Every
+wait has a deadline.
 
 The two runtime uses:
 - a temporary copy in a call's layout: ``shards = r.run(home_shards)``; drop it with ``del``;
@@ -40,7 +44,7 @@ class RunStats:
     rounds: int = 0
     peak_buffer_bytes: int = 0
     seconds: float = 0.0
-    pack_s: float = 0.0  # copying pieces into send buffers
+    pack_s: float = 0.0  # copying pieces into send buffers and posting the messages
     wait_s: float = 0.0  # waiting for the messages of a round
     unpack_s: float = 0.0  # copying received buffers into the destination shards
 
@@ -105,60 +109,91 @@ class Reallocator:
             _view(dst[t.name], t.region, self.dst_slices[t.name]).copy_(
                 _view(src[t.name], t.region, self.src_slices[t.name]))
             stats.copied += t.nbytes
-        for sends, recvs in self.rounds:
-            self._round(sends, recvs, src, dst, dtype, device, stats)
+        self._rounds(src, dst, dtype, device, stats)
         stats.seconds = time.perf_counter() - t0
         return dst, stats
 
-    def _round(self, sends: list[Bucket], recvs: list[Bucket], src: dict[str, torch.Tensor],
-               dst: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
-               stats: RunStats) -> None:
-        ops, inbox, extra = [], [], 0
+    def _rounds(self, src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], dtype: torch.dtype,
+                device: torch.device, stats: RunStats) -> None:
+        """Post round r+1 before finishing round r, so links never drain between rounds: at most two
+        rounds are in flight, hence the bound of 2 buckets per peer and direction."""
+        tags: dict[tuple[str, int], int] = {}
+        pending: _Posted | None = None
+        for sends, recvs in self.rounds:
+            posted = self._post(sends, recvs, src, dst, dtype, device, tags, stats)
+            stats.peak_buffer_bytes = max(stats.peak_buffer_bytes,
+                                          posted.extra + (pending.extra if pending else 0))
+            if pending is not None:
+                self._finish(pending, stats)
+            pending = posted
+        if pending is not None:
+            self._finish(pending, stats)
+
+    def _post(self, sends: list[Bucket], recvs: list[Bucket], src: dict[str, torch.Tensor],
+              dst: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
+              tags: dict[tuple[str, int], int], stats: RunStats) -> "_Posted":
+        """Start one round's messages: per bucket, its direct pieces in order, then the packed rest.
+        Each message to or from a peer gets the next tag of that peer, so that on gloo two rounds in
+        flight never mix (NCCL matches point-to-point messages in order anyway)."""
         t0 = time.perf_counter()
-        # Messages of one bucket: its direct pieces in order, then the packed rest; tags keep them
-        # apart on gloo (NCCL matches point-to-point messages in order anyway).
+        ops, inbox, extra = [], [], 0
+
+        def op(fn, buf: torch.Tensor, peer: int) -> None:
+            key = (fn.__name__, peer)
+            tags[key] = tags.get(key, -1) + 1
+            ops.append(dist.P2POp(fn, buf, peer, tag=tags[key]))
+
         for b in sends:
             views = [_view(src[p.name], p.region, self.src_slices[p.name]) for p in b.pieces]
-            bufs = [v.reshape(-1) for v, d in zip(views, b.direct, strict=True) if d]  # a copy if strided
-            extra += sum(v.numel() * v.element_size() for v, d in zip(views, b.direct, strict=True)
-                         if d and not v.is_contiguous())
+            for v in (v for v, d in zip(views, b.direct, strict=True) if d):
+                extra += 0 if v.is_contiguous() else v.numel() * v.element_size()
+                op(dist.isend, v.reshape(-1), b.dst)  # reshape copies only a strided piece
             rest = [v.reshape(-1) for v, d in zip(views, b.direct, strict=True) if not d]
             if rest:
-                bufs.append(torch.cat(rest))
-                extra += bufs[-1].numel() * bufs[-1].element_size()
-            ops += [dist.P2POp(dist.isend, buf, b.dst, tag=i) for i, buf in enumerate(bufs)]
+                buf = torch.cat(rest)
+                extra += buf.numel() * buf.element_size()
+                op(dist.isend, buf, b.dst)
             stats.sent += b.nbytes
         for b in recvs:
             views = [_view(dst[p.name], p.region, self.dst_slices[p.name]) for p in b.pieces]
-            bufs = []
-            for v in (v for v, d in zip(views, b.direct, strict=True) if d):
-                if v.is_contiguous():
-                    bufs.append(v.view(-1))  # straight into place
-                else:
-                    bufs.append(torch.empty(v.numel(), dtype=dtype, device=device))
-                    inbox.append(([v], bufs[-1]))
-                    extra += bufs[-1].numel() * bufs[-1].element_size()
+            groups = [[v] for v, d in zip(views, b.direct, strict=True) if d]
             rest = [v for v, d in zip(views, b.direct, strict=True) if not d]
-            if rest:
-                bufs.append(torch.empty(sum(v.numel() for v in rest), dtype=dtype, device=device))
-                inbox.append((rest, bufs[-1]))
-                extra += bufs[-1].numel() * bufs[-1].element_size()
-            ops += [dist.P2POp(dist.irecv, buf, b.src, tag=i) for i, buf in enumerate(bufs)]
+            for group in groups + ([rest] if rest else []):
+                if len(group) == 1 and group[0].is_contiguous():
+                    op(dist.irecv, group[0].view(-1), b.src)  # straight into place
+                    continue
+                buf = torch.empty(sum(v.numel() for v in group), dtype=dtype, device=device)
+                extra += buf.numel() * buf.element_size()
+                inbox.append((group, buf))
+                op(dist.irecv, buf, b.src)
             stats.received += b.nbytes
-        stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, extra)
-        t1 = time.perf_counter()
-        for work in dist.batch_isend_irecv(ops):
+        works = dist.batch_isend_irecv(ops) if ops else []
+        stats.pack_s += time.perf_counter() - t0
+        return _Posted(works, inbox, [o.tensor for o in ops], extra)
+
+    def _finish(self, posted: "_Posted", stats: RunStats) -> None:
+        t0 = time.perf_counter()
+        for work in posted.works:
             work.wait(timeout=datetime.timedelta(seconds=self.timeout))
-        t2 = time.perf_counter()
-        for views, buf in inbox:
+        t1 = time.perf_counter()
+        for views, buf in posted.inbox:
             at = 0
             for view in views:
                 view.copy_(buf[at:at + view.numel()].view(view.shape))
                 at += view.numel()
         stats.rounds += 1
-        stats.pack_s += t1 - t0
-        stats.wait_s += t2 - t1
-        stats.unpack_s += time.perf_counter() - t2
+        stats.wait_s += t1 - t0
+        stats.unpack_s += time.perf_counter() - t1
+
+
+@dataclass
+class _Posted:
+    """One round in flight: its works, the buffers to unpack, and every buffer kept alive until done."""
+
+    works: list
+    inbox: list[tuple[list[torch.Tensor], torch.Tensor]]
+    keep: list[torch.Tensor]
+    extra: int
 
 
 def _default_device() -> torch.device:

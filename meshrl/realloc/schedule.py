@@ -3,10 +3,8 @@
 Every (src, dst) link carries its transfers, in plan order, grouped into buckets of at most
 ``bucket_bytes`` (a transfer larger than that is cut into row blocks first). Within a bucket,
 large pieces travel as their own messages, with no copy on a side where they are contiguous; the
-small ones are packed into one buffer. Round r of the
-executor moves bucket r of every link at once, so a rank holds at most one send buffer and one
-receive buffer per peer in flight: peak extra memory <= bucket_bytes x (send peers + receive peers),
-and only the packed pieces count toward it.
+small ones are packed into one buffer. Round r of the executor moves bucket r of every link at
+once (and overlaps it with round r+1; see executor.py for the memory bound this gives).
 The executor runs exactly this list, so tests check the planned bytes against it without processes.
 """
 
