@@ -59,3 +59,28 @@ def test_bad_hardware_inputs_name_the_culprit(tmp_path, monkeypatch):
     bad.write_text("{}")
     with pytest.raises(UserError, match="malformed"):
         load_profile(bad)
+
+
+def test_measured_layer_costs_drive_the_cpu_estimate():
+    """With per-layer fits in the profile, a call costs layers x fit + the fixed part, not FLOPs."""
+    from meshrl.model.presets import get_preset
+    from meshrl.parallel.mesh import Layout
+    from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
+    from meshrl.plan.model_costs import model_costs
+
+    tiny = get_preset("tiny")
+    mc = model_costs(tiny)
+    fit = {"latency_s": 1e-3, "sec_per_unit": 1e-5}
+    layers = {"128": {"layer_params": mc.layer_params, "head_params": mc.head_params,
+                      **{k: fit for k in ("fwd", "fwd_bwd", "decode", "fixed_fwd", "fixed_fwd_bwd",
+                                          "fixed_decode")}}}
+    hw = from_profile({**PROFILE, "layers": layers}, devices_per_node=1)
+    shape = RunShape(prompt_len=16, gen_len=16, batch_size=8)
+    inf = estimate_call(CallSpec("c", "ref", "inference", tiny), shape, Layout(), 1, hw)
+    tokens = 8 * 32
+    expected = tiny.num_hidden_layers * (1e-3 + 1e-5 * tokens) + (1e-3 + 1e-5 * tokens)
+    assert inf.time_s == pytest.approx(expected)
+    gen = estimate_call(CallSpec("c", "actor", "generate", tiny), shape, Layout(), 1, hw)
+    step = tiny.num_hidden_layers * (1e-3 + 1e-5 * 8) + (1e-3 + 1e-5 * 8)
+    prefill = tiny.num_hidden_layers * (1e-3 + 1e-5 * 8 * 16) + (1e-3 + 1e-5 * 8)
+    assert gen.time_s == pytest.approx(prefill + 16 * step)
