@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..model.config import ModelConfig
+from ..model.generation import GenerationConfig, GenerationOutput
 from ..realloc.shardmap import ShardMap, check_shardable, shard_map
 from .data import AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
@@ -188,8 +189,10 @@ class ParallelModel:
         loss = self.forward_backward(batch, loss_fn, micro_batches, entropy)
         return {"loss": loss, "grad_norm": self.optimizer_step()}
 
-    def generate(self, prompts: list[list[int]], gen_cfg, seeds: list[int] | None = None):
-        """Pipelined / tensor-parallel generation; see generate.py. -> GenerationOutput."""
+    def generate(self, prompts: list[list[int]], gen_cfg: GenerationConfig, seeds: list[int] | None = None
+                 ) -> GenerationOutput:
+        """Pipelined / tensor-parallel generation of this replica's prompts; see generate.py.
+        Sampling needs per-row ``seeds``; the output is the same on every rank of the replica."""
         if self.value_head:
             raise UserError("generate: a value model cannot generate")
         return pipelined_generate(self.stage, self.pipe, self.groups.tp, prompts, gen_cfg, seeds)
