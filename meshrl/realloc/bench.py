@@ -59,6 +59,21 @@ def _p2p_sender(nbytes: int, a: int, b: int, timeout: float):
     return once
 
 
+def _links_sender(link_bytes: dict[tuple[int, int], int], timeout: float):
+    """A function that sends, at once, one plain preallocated message per link with that link's
+    byte count: the same traffic as the reallocation with nothing else (no slicing, no packing)."""
+    rank, wait = dist.get_rank(), datetime.timedelta(seconds=timeout)
+    mine = sorted((k, n) for k, n in link_bytes.items() if rank in k)
+    bufs = [torch.ones(n, dtype=torch.uint8, device=_device()) for _, n in mine]
+
+    def once() -> None:
+        ops = [dist.P2POp(dist.isend if s == rank else dist.irecv, buf, d if s == rank else s)
+               for ((s, d), _), buf in zip(mine, bufs, strict=True)]
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait(timeout=wait)
+    return once
+
+
 def move_and_check(cfg: ModelConfig, src: str, dst: str, value_head: bool = False, seed: int = 0,
                    dtype: str = "fp32", bucket_bytes: int = DEFAULT_BUCKET_BYTES, repeat: int = 1,
                    timeout: float = 300.0, p2p: tuple[int, int, int] | None = None) -> dict:
@@ -67,7 +82,8 @@ def move_and_check(cfg: ModelConfig, src: str, dst: str, value_head: bool = Fals
 
     Each repeat times, side by side: a fresh destination copy (``fresh_s``: allocate and fill, the
     temporary-copy use), a refresh of that copy in place (``refresh_s``: the shadow use) and, with
-    ``p2p=(nbytes, a, b)``, one plain message from rank a to rank b (``p2p_s``). Every time runs
+    ``p2p=(nbytes, a, b)``, one plain message from rank a to rank b (``p2p_s``) and the plan's
+    per-link byte counts as plain concurrent messages (``links_s``). Every time runs
     from a common barrier to a common barrier. Also returns this rank's byte counts and stats."""
     rank, tdt = dist.get_rank(), DTYPES[dtype]
     device = _device()
@@ -77,9 +93,11 @@ def move_and_check(cfg: ModelConfig, src: str, dst: str, value_head: bool = Fals
     mover = Reallocator(plan, rank, bucket_bytes, timeout)
     shards = {n: t.to(device) for n, t in synthetic_shards(plan.src, rank, seed, tdt).items()}
     send = _p2p_sender(*p2p, timeout) if p2p else None
+    links = _links_sender(plan.link_bytes(), timeout) if p2p else None
     if send:
-        _timed(send, timeout)  # warm the connection up
-    times: dict[str, list[float]] = {"fresh_s": [], "refresh_s": [], "p2p_s": []}
+        _timed(send, timeout)  # warm the connections up
+        _timed(links, timeout)
+    times: dict[str, list[float]] = {"fresh_s": [], "refresh_s": [], "p2p_s": [], "links_s": []}
     out, stats = None, None
     for _ in range(repeat):
         out = None  # drop the previous copy first: peak memory stays one destination copy
@@ -89,6 +107,7 @@ def move_and_check(cfg: ModelConfig, src: str, dst: str, value_head: bool = Fals
         times["refresh_s"].append(dt)
         if send:
             times["p2p_s"].append(_timed(send, timeout)[0])
+            times["links_s"].append(_timed(links, timeout)[0])
     exact = all(torch.equal(out[n].cpu(), synthetic(n, plan.dst.shapes[n], s, seed, tdt))
                 for n, s in mover.dst_slices.items())
     return {"exact": exact, "sent": stats.sent, "received": stats.received, "copied": stats.copied,
