@@ -4,7 +4,8 @@ sub-mesh that does not start at rank 0) and compare it with one process.
     meshrl check parallel --nprocs 4 [--model PRESET|DIR] [--layout dp2tp2pp1@0-3 ...] [--json]
 
 Compared per layout: logits, per-token log-probs, loss and gradients of a training step, parameters
-after two AdamW steps (ZeRO-1, clipped), and greedy generations; see meshrl/parallel/verify.py.
+after two AdamW steps (ZeRO-1, clipped), and greedy and seeded sampled generations; see
+meshrl/parallel/verify.py.
 Exit status: 0 if every layout is within tolerance, 1 if any is not, 2 for bad input (found before
 any rank starts).
 """
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         for p, why in skipped:
             print(f"skipped {p}: {why}")
         print(f"{'all layouts match' if ok else 'MISMATCH'}: {sum(r['ok'] for r in results)}/{len(results)} "
-              f"within relative difference {TOLERANCE:g} and equal greedy generations")
+              f"within relative difference {TOLERANCE:g}, with equal greedy and sampled generations")
     return 0 if ok else 1
 
 
@@ -110,5 +111,6 @@ def _print_row(r: dict) -> None:
     where = f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
     print(f"{r['layout']:>11}@{where:<5} logits {r['logits_max_rel_diff']:.1e}  logprobs "
           f"{r['logprobs_max_rel_diff']:.1e}  grads {r['grads_max_rel_diff']:.1e}  params "
-          f"{r['params_max_rel_diff']:.1e}  generate {'equal' if r['generate_equal'] else 'DIFFERENT'}  "
+          f"{r['params_max_rel_diff']:.1e}  greedy {'equal' if r['generate_equal'] else 'DIFFERENT'}  "
+          f"sampled {'equal' if r['sample_equal'] else 'DIFFERENT'}  "
           f"{'ok' if r['ok'] else 'FAIL'}  ({r['seconds']:.1f} s)", flush=True)

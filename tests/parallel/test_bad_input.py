@@ -82,3 +82,14 @@ def test_shardmap_validation_messages():
         check_shardable(tiny, Placement.parse("dp1tp1pp9@0-8"))
     with pytest.raises(LayoutError, match="vocabulary size"):
         check_shardable(tiny.replace(vocab_size=257), Placement.parse("dp1tp2pp1@0-1"))
+
+
+def test_summary_fails_on_a_large_difference_or_different_tokens():
+    from meshrl.parallel.verify import TOLERANCE, summarize
+
+    good = {"logits": 1e-7, "logprobs": 1e-7, "grads": 1e-6, "params": 1e-6, "loss": 1e-7,
+            "generate_equal": True, "sample_equal": True}
+    assert summarize("dp2tp1pp1@2-3", [None, None, good, good])["ok"]
+    rec = summarize("dp2tp1pp1@2-3", [None, None, good, {**good, "grads": 10 * TOLERANCE}])
+    assert not rec["ok"] and rec["ranks"] == [2, 3] and rec["grads_max_rel_diff"] == 10 * TOLERANCE
+    assert not summarize("dp2tp1pp1@2-3", [None, None, good, {**good, "generate_equal": False}])["ok"]
