@@ -26,17 +26,24 @@ from ..realloc.shardmap import ShardMap
 from .groups import Axis, RankGroups
 
 
-def all_reduce_grads(params: list[nn.Parameter], axis: Axis) -> None:
-    """Sum the gradients of ``params`` over ``axis`` with one collective on a flat buffer."""
+def all_reduce_grads(params: list[nn.Parameter], axis: Axis, bucket_bytes: int = 25 << 20) -> None:
+    """Sum the gradients of ``params`` over ``axis``, one collective per flat bucket of about
+    ``bucket_bytes`` (few collectives, bounded extra memory)."""
     if axis.group is None or not params:
         return
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=axis.group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for i, p in enumerate(params):
+        bucket.append(p.grad)
+        size += p.grad.numel() * p.grad.element_size()
+        if size >= bucket_bytes or i == len(params) - 1:
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat, group=axis.group)
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+            bucket, size = [], 0
 
 
 def counted_names(sm: ShardMap, rank: int) -> set[str]:
@@ -130,7 +137,7 @@ class ZeroAdamW:
 
 
 def sync_grads(named: dict[str, nn.Parameter], groups: RankGroups, kv_names: list[str],
-               tied_embedding: bool) -> None:
+               tied_embedding: bool, bucket_bytes: int = 25 << 20) -> None:
     """Make every local gradient the full mini-batch gradient of its slice:
     tied embedding copies summed over the first/last stage, replicated KV heads summed over their
     holders, then everything summed over dp."""
@@ -140,4 +147,4 @@ def sync_grads(named: dict[str, nn.Parameter], groups: RankGroups, kv_names: lis
     if tied_embedding and groups.tied is not None:  # pp > 1 and this is the first or last stage
         all_reduce_grads([named["model.embed_tokens.weight"]], groups.tied)
     all_reduce_grads([named[n] for n in kv_names], groups.kv)
-    all_reduce_grads(list({id(p): p for p in named.values()}.values()), groups.dp)
+    all_reduce_grads(list({id(p): p for p in named.values()}.values()), groups.dp, bucket_bytes)

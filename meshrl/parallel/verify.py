@@ -199,6 +199,7 @@ def _run_one(probe: Probe, placement: Placement, cache: GroupCache, micro_batche
     model = probe.build()
     initial = model.state_dict()
     pm = ParallelModel.from_state(cfg, placement, cache, initial, value_head=probe.value_head, optim=probe.optim)
+    pm.dp_bucket_bytes = 256 << 10  # several gradient buckets even for the tiny model
     dp_n, (d, t, _) = placement.layout.dp, placement.coords_of(dist.get_rank())
     mine = {k: _rows(v, dp_n, d) for k, v in batch.items()}
     m = min(micro_batches, mine["input_ids"].shape[0])
