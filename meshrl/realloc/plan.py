@@ -14,7 +14,9 @@ Intersections are general boxes, so TP and PP sizes that do not divide each othe
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..model.config import ModelConfig
@@ -86,36 +88,53 @@ def _split(region: Slice, parts: int) -> list[Slice]:
     return out
 
 
+Move = tuple[int, int, Slice, int]  # (src rank, dst rank, region of the full tensor, elements)
+
+
+def _moves(name: str, src_holders: list[tuple[int, Slice]], dst_holders: list[tuple[int, Slice]]
+           ) -> Iterator[Move]:
+    """Every move (src == dst: a local copy) that builds the destination slices of one parameter.
+
+    The cuts depend only on the destination slice, so they are computed once per distinct slice
+    (DP replicas share them); only the local-copy test and the sender rotation are per rank."""
+    groups: dict[Slice, list[int]] = {}
+    for rank, s in src_holders:
+        groups.setdefault(s, []).append(rank)
+    members = {s: set(r) for s, r in groups.items()}
+    cuts: dict[Slice, list[tuple[Slice, Slice, int, list[tuple[Slice, int]]]]] = {}
+    for i, (dst, dslice) in enumerate(dst_holders):
+        if dslice not in cuts:
+            cuts[dslice] = []
+            for sslice, ranks in groups.items():
+                box = intersect(dslice, sslice)
+                if box is not None:
+                    parts = [(p, slice_numel(p)) for p in _split(box, len(ranks))]
+                    cuts[dslice].append((sslice, box, slice_numel(box), parts))
+            covered = sum(n for _, _, n, _ in cuts[dslice])
+            if covered != slice_numel(dslice):
+                raise ValueError(f"source slices of {name} cover {covered} of the {slice_numel(dslice)} "
+                                 f"elements rank {dst} needs: the shard maps do not describe one tensor")
+        for sslice, box, n, parts in cuts[dslice]:
+            if dst in members[sslice]:
+                yield dst, dst, box, n
+                continue
+            # Rotate the first sender with the destination index so that remainder rows spread too.
+            ranks = groups[sslice]
+            for j, (part, pn) in enumerate(parts):
+                yield ranks[(i + j) % len(ranks)], dst, part, pn
+
+
 def plan_param(name: str, src_holders: list[tuple[int, Slice]], dst_holders: list[tuple[int, Slice]],
                itemsize: int) -> tuple[list[Transfer], list[Transfer]]:
     """Transfers and local copies that build every destination slice of one parameter.
 
-    ``src_holders`` / ``dst_holders``: (rank, slice) as ShardMap.holders gives them. Raises
-    ValueError if the source slices do not cover a destination slice exactly once."""
-    groups: dict[Slice, list[int]] = {}
-    for rank, s in src_holders:
-        groups.setdefault(s, []).append(rank)
+    ``src_holders`` / ``dst_holders``: (rank, slice) as ShardMap.holders gives them. Each source
+    slice's holders split what a destination lacks into near-equal row blocks, one per holder.
+    Raises ValueError if the source slices do not cover a destination slice exactly once."""
     transfers: list[Transfer] = []
     copies: list[Transfer] = []
-    for i, (dst, dslice) in enumerate(dst_holders):
-        covered = 0
-        for sslice, ranks in groups.items():
-            box = intersect(dslice, sslice)
-            if box is None:
-                continue
-            n = slice_numel(box)
-            covered += n
-            if dst in ranks:
-                copies.append(Transfer(name, dst, dst, box, n * itemsize))
-                continue
-            # Rotate the first sender with the destination index so that remainder rows spread too.
-            k = len(ranks)
-            for j, part in enumerate(_split(box, k)):
-                src = ranks[(i + j) % k]
-                transfers.append(Transfer(name, src, dst, part, slice_numel(part) * itemsize))
-        if covered != slice_numel(dslice):
-            raise ValueError(f"source slices of {name} cover {covered} of the {slice_numel(dslice)} elements "
-                             f"rank {dst} needs: the two shard maps do not describe the same tensor")
+    for src, dst, region, n in _moves(name, src_holders, dst_holders):
+        (copies if src == dst else transfers).append(Transfer(name, src, dst, region, n * itemsize))
     return transfers, copies
 
 
@@ -144,20 +163,36 @@ def _layer_groups(src: ShardMap, dst: ShardMap) -> dict[tuple[int, int], list[in
     return out
 
 
+def _holders(sm: ShardMap, name: str) -> list[tuple[int, Slice]]:
+    """``sm.holders(name)`` (same order, same slices) in O(mesh size): walks the local indices of the
+    mesh instead of looking every rank up, and asks the ShardMap only for stages and TP slices."""
+    lay, ranks = sm.placement.layout, sm.placement.mesh.ranks
+    stages = sm.stages_of(name)
+    by_tp = [sm.tp_slice(name, t) for t in range(lay.tp)]
+    return [(ranks[i], by_tp[i % lay.tp]) for i in range(lay.size) if i // (lay.tp * lay.dp) in stages]
+
+
 def link_bytes(cfg: ModelConfig, src: Placement, dst: Placement, value_head: bool = False,
                dtype_bytes: int = 2) -> dict[tuple[int, int], int]:
     """Bytes per (src_rank, dst_rank) link to move ``cfg`` from ``src`` to ``dst``; local copies excluded.
 
     Equal to ``realloc_plan(...).link_bytes()`` but fast enough for a plan search: layers whose
     (source stage, destination stage) pair is the same move identically, so each parameter kind is
-    planned once per pair and scaled by the number of layers in it."""
+    planned once per pair and scaled by the number of layers in it; results are cached."""
+    return dict(_link_bytes(cfg, src, dst, value_head, dtype_bytes))
+
+
+@functools.lru_cache(maxsize=4096)  # a plan search asks for the same pairs again and again
+def _link_bytes(cfg: ModelConfig, src: Placement, dst: Placement, value_head: bool,
+                dtype_bytes: int) -> dict[tuple[int, int], int]:
     s, d = shard_map(cfg, src, value_head), shard_map(cfg, dst, value_head)
     out: Counter[tuple[int, int]] = Counter()
 
     def add(name: str, times: int) -> None:
-        transfers, _ = plan_param(name, s.holders(name), d.holders(name), dtype_bytes)
-        for t in transfers:
-            out[(t.src, t.dst)] += t.nbytes * times
+        scale = dtype_bytes * times
+        for a, b, _, n in _moves(name, _holders(s, name), _holders(d, name)):
+            if a != b:
+                out[(a, b)] += n * scale
 
     layer0 = [n.split(".", 3)[3] for n in s.shapes if n.startswith("model.layers.0.")]
     for layers in _layer_groups(s, d).values():
