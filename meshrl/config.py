@@ -39,7 +39,7 @@ class ModelsConfig:
 class DataConfig:
     prompt_len: int = 16  # maximum prompt tokens
     gen_len: int = 16  # maximum generated tokens per response
-    batch_size: int = 32  # prompts per iteration
+    batch_size: int = 32  # prompts per iteration (sft: sequences per step; rm/dpo: pairs per step)
     samples_per_prompt: int = 1  # responses sampled per prompt; grpo/rloo need >= 2, and 1 means 4 there
     path: str | None = None  # JSONL dataset; None = the built-in demo task
 
@@ -63,7 +63,7 @@ class TrainConfig:
 class OptimConfig:
     """AdamW for every trained role (betas 0.9/0.95, as most RLHF recipes)."""
 
-    lr: float = 2e-4  # actor learning rate in the RL stage (and for dpo)
+    lr: float = 1e-3  # actor learning rate in the RL stage (and for dpo); the demo's tiny model
     critic_lr: float = 1e-3  # critic (PPO) and reward model (algo=rm)
     weight_decay: float = 0.0
     grad_clip: float = 1.0  # max global grad norm; 0 = off
@@ -100,7 +100,7 @@ class GenConfig:
 class SFTConfig:
     """Supervised fine-tuning: the whole stage for algo=sft, and the demo's warm-up before RL."""
 
-    steps: int = 300  # optimizer steps of the warm-up (algo=sft uses train.iterations)
+    steps: int = 150  # optimizer steps of the warm-up (algo=sft uses train.iterations)
     lr: float = 2e-3
     batch_size: int = 64  # sequences per step
     warmup: bool = True  # RL from a preset actor starts with an SFT stage on the task's SFT data

@@ -57,10 +57,8 @@ def build_roles(cfg: Config, actor: torch.nn.Module) -> dict[str, Role]:
     """Roles for ``cfg.algo`` around an initialised actor (after any SFT warm-up)."""
     seed, algo = cfg.train.seed, cfg.algo
     roles: dict[str, Role] = {}
-    if algo == "rm":
-        spec = cfg.models.reward
-        rm = (load_pretrained(spec.path, value_head=True, seed=seed) if spec.path
-              else build_model(spec.preset or "tiny", seed=seed + 3, value_head=True))
+    if algo == "rm":  # from models.reward.path, else the (SFT) actor's backbone with a fresh head
+        rm = value_model_like(actor, cfg.models.reward, seed + 3)
         roles["reward"] = Role(rm, make_optimizer(rm, cfg.optim.critic_lr, cfg.optim.weight_decay))
         return roles
     lr = cfg.sft.lr if algo == "sft" else cfg.optim.lr
@@ -98,9 +96,9 @@ def sft_records(cfg: Config) -> list[dict[str, str]]:
 def pair_records(cfg: Config, heldout: bool = False) -> list[dict[str, str]]:
     if cfg.data.path and not heldout:
         return read_jsonl(cfg.data.path, "pairs")
-    # held-out pairs come from another stream, so none of them is a training pair by construction
+    # held-out pairs reject other wrong answers (see demo.py): none of them is a training pair
     return demo.preference_records(cfg.train.seed + (10_007 if heldout else 0),
-                                   DEMO_HELDOUT_PAIRS if heldout else DEMO_PAIRS)
+                                   DEMO_HELDOUT_PAIRS if heldout else DEMO_PAIRS, heldout=heldout)
 
 
 def encode_prompt_batch(cfg: Config, tok, records: list[dict[str, str]]) -> Batch:

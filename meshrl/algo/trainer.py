@@ -140,7 +140,9 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
     algo, result = cfg.algo, RunResult()
     tok = setup.tokenizer_for(cfg)
     actor = setup.load_policy(cfg, cfg.train.seed)
-    if algo in RL_ALGOS + ("dpo",) and cfg.models.actor.path is None and cfg.sft.warmup:
+    # The demo's quick SFT precedes RL, DPO, and the reward model (initialised from the SFT model,
+    # as in InstructGPT).
+    if algo in RL_ALGOS + ("dpo", "rm") and cfg.models.actor.path is None and cfg.sft.warmup:
         result.warmup = warmup_sft(actor, cfg, tok, log, progress)
     roles = setup.build_roles(cfg, actor)
     graph = graph_for(algo, cfg.data.samples_per_prompt)
@@ -151,7 +153,8 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
         data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg))
     elif algo in ("rm", "dpo"):
         data = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg))
-        heldout = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg, heldout=True))
+        if cfg.data.path is None:  # the demo's held-out pairs; a user's JSONL brings no held-out set
+            heldout = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg, heldout=True))
     writer = MetricsWriter(out, tensorboard) if out is not None else None
     keys = CONSOLE_KEYS["rl" if algo in RL_ALGOS else algo]
     bar = tqdm(range(cfg.train.iterations), desc=algo, disable=not progress)
@@ -168,7 +171,8 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
 
             with torch.no_grad():
                 record["reward/mean"] = float(sequence_reward(roles["reward"].model, side(batch, "chosen_")).mean())
-                record["rm/heldout_accuracy"] = rm_accuracy(roles["reward"].model, heldout)
+                if heldout is not None and (it % 10 == 0 or it == cfg.train.iterations - 1):
+                    record["rm/heldout_accuracy"] = rm_accuracy(roles["reward"].model, heldout)
         record["time/iteration"] = time.perf_counter() - t0
         record["perf/tokens_per_s"] = float(batch.tokens().sum()) / record["time/iteration"]
         result.metrics.append(record)

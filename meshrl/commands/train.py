@@ -9,6 +9,18 @@ from pathlib import Path
 from ..errors import UserError
 
 DEFAULT_OUT = "runs/demo"
+# The built-in demo's sizes per algorithm, applied before the user's own overrides when there is
+# no config file (measured on 2 CPU cores; see docs/algorithms.md). Critic-free algorithms sample
+# 4 responses per prompt, so they take 16 prompts to keep 64 sequences per iteration.
+DEMO_DEFAULTS: dict[str, list[str]] = {
+    "ppo": ["train.iterations=80", "data.batch_size=64"],
+    "grpo": ["train.iterations=80", "data.batch_size=16"],
+    "rloo": ["train.iterations=80", "data.batch_size=16"],
+    "remax": ["train.iterations=80", "data.batch_size=64"],
+    "sft": ["train.iterations=150", "data.batch_size=64"],
+    "rm": ["train.iterations=150", "data.batch_size=32"],
+    "dpo": ["train.iterations=60", "data.batch_size=32"],
+}
 
 
 def add_parser(subparsers) -> None:
@@ -70,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     config, overrides = split_items(args.items)
     cfg = load_config(config, overrides)
     is_demo = config is None and cfg.data.path is None
+    if is_demo:  # the demo's sizes for this algorithm, then the user's overrides on top
+        cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
     out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
@@ -92,6 +106,24 @@ def run(args: argparse.Namespace) -> int:
     if "reward/mean" in last:
         print(f"reward/mean: {first['reward/mean']:.3f} at iteration 0 -> {last['reward/mean']:.3f} at "
               f"iteration {last['iteration']}")
+    if is_demo and cfg.algo != "rm":
+        print("greedy answers of the trained actor: " + examples(result.model_dir))
     print(f"outputs in {out}/: config.yaml, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
           f"{result.model_dir.name}/ (Hugging Face checkpoint)")
     return 0
+
+
+def examples(model_dir: Path, prompts: tuple[str, ...] = ("3+4=", "8+5=", "9+9=", "6+7=", "2+9=")) -> str:
+    """'3+4=7 ok, 8+5=12 wrong, ...': the saved actor, greedy, on a few demo problems."""
+    from ..model import ByteTokenizer, GenerationConfig, generate, load_pretrained
+
+    tok, model = ByteTokenizer(), load_pretrained(model_dir).eval()
+    out = generate(model, [tok.encode(p, add_bos=True) for p in prompts],
+                   GenerationConfig(max_new_tokens=4, greedy=True, eos_token_id=tok.eos_token_id,
+                                    pad_token_id=tok.pad_token_id))
+    shown = []
+    for p, row in zip(prompts, out.responses.tolist(), strict=True):
+        ans = tok.decode([t for t in row if t != tok.eos_token_id]).strip()
+        want = str(sum(int(x) for x in p[:-1].split("+")))
+        shown.append(f"{p}{ans} {'ok' if ans == want else 'wrong'}")
+    return ", ".join(shown)

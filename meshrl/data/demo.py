@@ -28,10 +28,15 @@ def _prompt(a: int, b: int) -> str:
     return f"{a}+{b}="
 
 
-def _near_miss(rng: random.Random, answer: int) -> int:
-    """A wrong answer within 3 of the right one, never negative."""
+NEAR_MISSES = (-3, -2, -1, 1, 2, 3)
+TRAIN_MISSES = (-2, -1, 1, 2)  # rejected answers of the training preference pairs
+HELDOUT_MISSES = (-3, 3)  # rejected answers of the held-out pairs: never seen in training
+
+
+def _near_miss(rng: random.Random, answer: int, offsets: tuple[int, ...] = NEAR_MISSES) -> int:
+    """A wrong answer ``answer + offset`` for a random offset, never negative."""
     while True:
-        wrong = answer + rng.choice((-3, -2, -1, 1, 2, 3))
+        wrong = answer + rng.choice(offsets)
         if wrong >= 0:
             return wrong
 
@@ -53,12 +58,15 @@ def sft_records(seed: int, n: int, noise: float = SFT_NOISE) -> list[dict[str, s
     return out
 
 
-def preference_records(seed: int, n: int) -> list[dict[str, str]]:
-    """``n`` pairs {"prompt", "chosen" (right answer), "rejected" (a near miss)}."""
+def preference_records(seed: int, n: int, heldout: bool = False) -> list[dict[str, str]]:
+    """``n`` pairs {"prompt", "chosen" (right answer), "rejected" (a near miss)}. Training pairs miss
+    by 1 or 2, held-out pairs by 3, so no held-out pair is a training pair."""
     rng = random.Random(seed)
     probs = problems()
+    offsets = HELDOUT_MISSES if heldout else TRAIN_MISSES
     out = []
     for _ in range(n):
         a, b = rng.choice(probs)
-        out.append({"prompt": _prompt(a, b), "chosen": str(a + b), "rejected": str(_near_miss(rng, a + b))})
+        out.append({"prompt": _prompt(a, b), "chosen": str(a + b),
+                    "rejected": str(_near_miss(rng, a + b, offsets))})
     return out
