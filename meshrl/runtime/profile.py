@@ -27,7 +27,7 @@ from ..errors import UserError
 from .profile_layers import measure_layers
 
 HIDDEN_FULL = (128, 768, 2048, 4096)  # tiny, small, and two larger widths (7B is 4096)
-HIDDEN_QUICK = (128, 768)
+HIDDEN_QUICK = (128,)
 GROUPS_FULL = (2, 4)
 GROUPS_QUICK = (2,)
 PG_TIMEOUT_S = 60
@@ -77,7 +77,8 @@ def _fit(points: list[tuple[float, float]]) -> dict[str, float]:
     return {"latency_s": max(mt - mb * spb, 0.0), "sec_per_byte": spb}
 
 
-def _worker(rank: int, world: int, port: int, reps: int, out_path: str) -> None:
+def _worker(rank: int, world: int, port: int, reps: int, out_path: str, sizes: tuple[int, ...] = SIZES
+            ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world,
@@ -86,7 +87,7 @@ def _worker(rank: int, world: int, port: int, reps: int, out_path: str) -> None:
         res: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}
         for kind in res:
             pts = []
-            for nbytes in SIZES:
+            for nbytes in sizes:
                 x = torch.ones(nbytes // 4)
                 if kind == "all_reduce":
                     fn, moved = (lambda x=x: dist.all_reduce(x)), 2 * (world - 1) / world * nbytes
@@ -118,12 +119,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure_collectives(world: int, reps: int, timeout_s: float) -> dict[str, dict]:
+def measure_collectives(world: int, reps: int, timeout_s: float, sizes: tuple[int, ...] = SIZES
+                        ) -> dict[str, dict]:
     """Spawn ``world`` gloo ranks; return {kind: {latency_s, sec_per_byte}}. Children that do not
     finish within ``timeout_s`` are killed and the failure is reported, never waited on forever."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "coll.json")
-        ctx = mp.start_processes(_worker, args=(world, _free_port(), reps, out), nprocs=world, join=False,
+        ctx = mp.start_processes(_worker, args=(world, _free_port(), reps, out, sizes), nprocs=world, join=False,
                                  start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:
@@ -142,7 +144,7 @@ def measure_collectives(world: int, reps: int, timeout_s: float) -> dict[str, di
 
 def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
     """The profile dict (see meshrl/plan/hardware.py: from_profile)."""
-    reps = 3 if quick else 10
+    reps = 2 if quick else 5
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -153,7 +155,7 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
         torch.set_num_threads(prev)
     colls: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}
     for world in GROUPS_QUICK if quick else GROUPS_FULL:
-        res = measure_collectives(world, reps, timeout_s)
+        res = measure_collectives(world, reps, timeout_s, SIZES[::2] if quick else SIZES)
         for kind, fit in res.items():
             if kind != "p2p" or world == 2:
                 colls[kind][str(world)] = fit

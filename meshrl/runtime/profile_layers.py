@@ -24,10 +24,12 @@ DECODE_CONTEXT = 32  # cached tokens behind each decoding step measured
 
 
 def width_configs(quick: bool) -> dict[str, ModelConfig]:
-    """The widths profiled: tiny and small, and (full run) a 2048-wide LLaMA-style layer."""
-    cfgs = {"tiny": get_preset("tiny"), "small": get_preset("small")}
+    """The widths profiled: tiny (quick run), small, and a 2048-wide LLaMA-style layer."""
+    cfgs = {"tiny": get_preset("tiny")}
     if not quick:
-        cfgs["w2048"] = ModelConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5504,
+        cfgs["small"] = get_preset("small")
+        # A small vocabulary keeps its head cheap to time; head costs scale by parameter count.
+        cfgs["w2048"] = ModelConfig(vocab_size=4096, hidden_size=2048, intermediate_size=5504,
                                     num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=4)
     return cfgs
 
@@ -109,8 +111,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def measure_layers(quick: bool, reps: int) -> dict[str, dict]:
     """{hidden size: fits} for every profiled width, measured on one thread."""
-    tokens = (16, 256) if quick else (16, 128, 512, 2048)
-    batches = (1, 32) if quick else (1, 8, 32, 128)
+    tokens = (16, 128) if quick else (16, 128, 1024)
+    batches = (1, 16) if quick else (1, 8, 64)
     out = {}
     with torch.random.fork_rng():
         torch.manual_seed(0)
