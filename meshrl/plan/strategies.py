@@ -86,8 +86,10 @@ def interleaved(problem: Problem) -> ExecutionPlan:
     first = [r for r in roles if r in ("actor", "ref")] if "critic" in roles else ["actor"]
     a = [c.name for c in problem.graph.calls if c.role in first]
     b = [c.name for c in problem.graph.calls if c.role not in first]
-    if not b:
-        return colocated(problem)
+    if not a or not b:  # one group only (e.g. sft, rm): nothing to interleave
+        plan = colocated(problem)
+        plan.strategy = "interleaved"
+        return plan
     half = n // 2
     options = [[Mesh.range(0, half), Mesh.range(half, half)]]
     if n >= 4:

@@ -48,3 +48,12 @@ def test_micro_batches_are_raised_until_the_plan_fits():
     plan = colocated(prob)
     assert prob.feasible(plan)
     assert max(cp.micro_batches for cp in plan.calls.values()) > 1
+
+
+@pytest.mark.parametrize("algo", ["sft", "rm", "dpo", "remax", "grpo"])
+def test_every_algorithm_gets_every_strategy(algo):
+    prob = problem("cluster.devices_per_node=4", f"algo={algo}", *models("qwen2.5-0.5b"), "data.gen_len=64",
+                   "data.batch_size=16")
+    for name, build in BUILDERS.items():
+        plan = build(prob)
+        assert plan.strategy == name and set(plan.calls) == set(prob.graph.names)
