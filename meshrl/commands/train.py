@@ -38,6 +38,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help=f"output directory (default: {DEFAULT_OUT} for the demo, "
                    "runs/<algo> otherwise)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar; one plain line per iteration")
+    p.add_argument("--nprocs", type=int, default=None,
+                   help="run on N local ranks (gloo on CPU, NCCL on GPUs) with the SPMD runtime")
+    p.add_argument("--plan", default=None, metavar="STRATEGY|FILE.json",
+                   help="colocated | interleaved | disaggregated | heuristic | search | a plan file "
+                   "(default with --nprocs: colocated)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
 
 
 def _reparse(args: argparse.Namespace) -> argparse.Namespace:
@@ -48,7 +54,9 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
     except SystemExit:
         raise UserError(f"cannot parse arguments {' '.join(args.rest)!r}; see meshrl train --help") from None
     return argparse.Namespace(items=args.items + more.items, out=more.out or args.out,
-                              no_progress=args.no_progress or more.no_progress)
+                              no_progress=args.no_progress or more.no_progress,
+                              nprocs=more.nprocs or args.nprocs, plan=more.plan or args.plan,
+                              resume=args.resume or more.resume)
 
 
 def split_items(items: list[str]) -> tuple[str | None, list[str]]:
@@ -95,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    if args.nprocs is not None or args.plan is not None or args.resume:
+        return run_distributed(cfg, args, out)
     from ..algo.trainer import train
 
     torch.set_num_threads(max(1, cfg.train.threads))
@@ -110,6 +120,24 @@ def run(args: argparse.Namespace) -> int:
         print("greedy answers of the trained actor: " + examples(result.model_dir))
     print(f"outputs in {out}/: config.yaml, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
           f"{result.model_dir.name}/ (Hugging Face checkpoint)")
+    return 0
+
+
+def run_distributed(cfg, args: argparse.Namespace, out: Path) -> int:
+    """The SPMD runtime (meshrl/runtime/job.py): ranks, a plan, checkpoints and --resume."""
+    from ..runtime.job import launch
+
+    print(f"meshrl train: algo={cfg.algo} on {args.nprocs or 1} rank(s)")
+    print(sizes_line(cfg))
+    try:
+        records = launch(cfg, args.plan or "colocated", args.nprocs or 1, out, resume=args.resume)
+    except RuntimeError as e:
+        print(f"meshrl train: the job failed and was stopped: {e}")
+        return 1
+    if records and "reward/mean" in records[-1]:
+        print(f"reward/mean: {records[0]['reward/mean']:.3f} at iteration {records[0]['iteration']} -> "
+              f"{records[-1]['reward/mean']:.3f} at iteration {records[-1]['iteration']}")
+    print(f"outputs in {out}/: config.yaml, plan.json, metrics.jsonl, trace.json (Perfetto), ckpt-*/, actor/")
     return 0
 
 

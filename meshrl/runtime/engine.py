@@ -48,13 +48,15 @@ class Engine:
     """One rank's view of a run of ``cfg`` under ``plan``."""
 
     def __init__(self, cfg: Config, plan: ExecutionPlan, cache: GroupCache, timeout_s: float = 300.0,
-                 log: Callable[[str], None] = print, status: Path | None = None) -> None:
+                 log: Callable[[str], None] = print, status: Path | None = None, warm: bool = True) -> None:
         self.cfg, self.plan, self.timeout = cfg, plan, timeout_s
         self.rank, self.log, self.status = dist.get_rank(), log, status
+        if status is not None:
+            status.write_text("building the models")
         self.graph: Graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
         self.tok = setup.tokenizer_for(cfg)
         self.prompts = setup.encode_prompt_batch(cfg, self.tok, setup.prompt_records(cfg))
-        self.roles: dict[str, RoleModels] = build_roles(cfg, self.graph, plan, initial_states(cfg, self.tok, log),
+        self.roles: dict[str, RoleModels] = build_roles(cfg, self.graph, plan, initial_states(cfg, self.tok, log, warm),
                                                         cache, timeout_s)
         self.store: dict[int, Batch] = {}
         self.held: dict[tuple[str, int], Batch] = {}
@@ -72,6 +74,11 @@ class Engine:
             try:
                 self._do(step)
             except Exception as e:
+                if self.status is not None:
+                    import traceback
+
+                    self.status.write_text(f"failed in step '{step.name}' of iteration {step.iteration}:\n"
+                                           + traceback.format_exc())
                 raise RuntimeError(f"rank {self.rank} failed in step '{step.name}' of iteration "
                                    f"{step.iteration}: {type(e).__name__}: {e}") from e
             if step.kind == "end":
@@ -87,7 +94,7 @@ class Engine:
     def _mark(self, step: Step) -> None:
         """Leave the current step where the launcher can read it if this rank dies (names the call)."""
         if self.status is not None:
-            self.status.write_text(f"{step.name} (iteration {step.iteration})")
+            self.status.write_text(f"step '{step.name}' of iteration {step.iteration}")
 
     def _do(self, step: Step) -> None:
         if step.kind == "call":
@@ -116,6 +123,7 @@ class Engine:
         fn = implementation(call)
         if call.name in ROW_CALLS:
             part = batch.split(pl.layout.dp)[dp_i]
+            place.micro_batches = min(place.micro_batches, len(part))
             out = fn(h, part, ctx, place)
             if self.rank == holders(pl)[dp_i]:
                 self.held[(call.name, t)] = out

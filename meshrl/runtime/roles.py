@@ -38,12 +38,14 @@ def broadcast_state(state: dict[str, torch.Tensor], src: int = 0) -> dict[str, t
     return state
 
 
-def initial_states(cfg: Config, tok, log) -> dict[str, tuple[ModelConfig, dict[str, torch.Tensor] | None]]:
+def initial_states(cfg: Config, tok, log, warm: bool = True
+                   ) -> dict[str, tuple[ModelConfig | None, dict[str, torch.Tensor] | None]]:
     """role -> (model config, full HF-named state) at iteration 0, equal on every rank; the state is
-    None for a rule reward. Rank 0 runs the SFT warm-up; the others receive its result."""
+    None for a rule reward. Rank 0 runs the SFT warm-up (not when resuming: the checkpoint holds
+    every role's weights); the others receive its result."""
     torch.manual_seed(cfg.train.seed)
     actor = setup.load_policy(cfg, cfg.train.seed)
-    if dist.get_rank() == 0 and cfg.models.actor.path is None and cfg.sft.warmup:
+    if warm and dist.get_rank() == 0 and cfg.models.actor.path is None and cfg.sft.warmup:
         from ..algo.trainer import warmup_sft
 
         warmup_sft(actor, cfg, tok, log, progress=False)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from ..algo.graph import graph_for
 from ..config import Config
 from ..observe.trace import Trace
 from ..parallel.groups import GroupCache
@@ -17,6 +18,7 @@ from ..plan.execution_plan import ExecutionPlan
 from .engine import Engine, RankLog
 
 _CACHE: GroupCache | None = None
+_MADE: set[tuple[int, ...]] = set()  # groups made by all ranks together (members or not)
 
 
 def process_cache(timeout_s: float) -> GroupCache:
@@ -27,6 +29,52 @@ def process_cache(timeout_s: float) -> GroupCache:
     if _CACHE is None:
         _CACHE = GroupCache(timeout_s)
     return _CACHE
+
+
+def plan_groups(plan: ExecutionPlan, kv_heads: set[int]) -> list[tuple[int, ...]]:
+    """Every process group (sorted ranks, size > 1) that any rank's ParallelModel of any call will
+    ask the cache for: the dp, tp, pp, model-parallel, kv and tied-embedding axes of each placement."""
+    out: dict[tuple[int, ...], None] = {}
+    for cp in plan.calls.values():
+        pl, lay = cp.placement, cp.layout
+        for r in pl.mesh.ranks:
+            d, t, p = pl.coords_of(r)
+            axes = [[pl.rank_of(x, t, p) for x in range(lay.dp)], [pl.rank_of(d, x, p) for x in range(lay.tp)],
+                    [pl.rank_of(d, t, x) for x in range(lay.pp)],
+                    [pl.rank_of(d, x, y) for y in range(lay.pp) for x in range(lay.tp)]]
+            for kv in sorted(kv_heads):
+                if lay.tp > kv:
+                    rep = lay.tp // kv
+                    axes.append([pl.rank_of(d, (t // rep) * rep + j, p) for j in range(rep)])
+            if lay.pp > 1:
+                axes.append([pl.rank_of(d, t, 0), pl.rank_of(d, t, lay.pp - 1)])
+            for a in axes:
+                if len(set(a)) > 1:
+                    out[tuple(sorted(a))] = None
+    return list(out)
+
+
+def make_groups(cache: GroupCache, groups: list[tuple[int, ...]], timeout_s: float) -> None:
+    """Create the plan's groups with every rank taking part, one after another, before any model is
+    built. Why: groups made concurrently by disjoint rank sets (use_local_synchronization, as the
+    cache does lazily) left the first collective on one of them hanging now and then on gloo."""
+    import datetime
+
+    for key in groups:
+        if key in _MADE:
+            continue
+        g = dist.new_group(list(key), timeout=datetime.timedelta(seconds=timeout_s))
+        _MADE.add(key)
+        if dist.get_rank() in key:
+            cache._groups[key] = g  # the cache's own table (keyed by sorted ranks): it then reuses g
+
+
+def model_configs(cfg: Config) -> list:
+    """The model configs of the run's roles (presets or checkpoints), for the groups' kv axis."""
+    from ..plan.problem import model_for
+
+    graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+    return [model_for(getattr(cfg.models, role), role) for role in graph.roles()]
 
 
 def record_of(t: int, logs: list[RankLog], wall_s: float) -> dict:
@@ -49,26 +97,45 @@ def record_of(t: int, logs: list[RankLog], wall_s: float) -> dict:
 
 
 def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0, timeout_s: float = 300.0,
-              status_dir: str | None = None, quiet: bool = False) -> list[dict] | None:
-    """Run iterations ``start`` .. cfg.train.iterations-1 on this rank. Returns the metrics records
-    on rank 0 (None elsewhere); ``quiet``: no console lines. With ``out``, rank 0 also writes
-    metrics.jsonl and trace.json."""
+              status_dir: str | None = None, quiet: bool = False, save_every: int = 1) -> list[dict] | None:
+    """Run iterations ``start`` .. cfg.train.iterations-1 on this rank (start > 0: resume from the
+    newest checkpoint in ``out``). Returns the metrics records on rank 0 (None elsewhere); ``quiet``:
+    no console lines. With ``out``, rank 0 also writes metrics.jsonl and trace.json, all ranks write
+    a checkpoint every ``save_every`` iterations and at the end, and the actor is exported to
+    ``out/actor``."""
     import time
 
-    from ..observe.metrics import MetricsWriter, summary_line
+    from ..observe.metrics import MetricsWriter, read_metrics, summary_line
+    from .checkpoint import export_actor, latest_checkpoint, load_checkpoint, save_checkpoint
 
     rank = dist.get_rank()
+    kv = {m.num_key_value_heads for m in model_configs(cfg)}
+    make_groups(process_cache(timeout_s), plan_groups(plan, kv), timeout_s)
     log: Callable[[str], None] = print if rank == 0 and not quiet else (lambda _: None)
     status = Path(status_dir) / f"rank{rank}" if status_dir else None
-    engine = Engine(cfg, plan, process_cache(timeout_s), timeout_s, log, status)
+    engine = Engine(cfg, plan, process_cache(timeout_s), timeout_s, log, status, warm=start == 0)
+    if start > 0:
+        ck = latest_checkpoint(out)
+        if ck is None or load_checkpoint(ck, engine.roles) != start - 1:
+            raise RuntimeError(f"rank {rank}: no checkpoint of iteration {start - 1} in {out}")
     records: list[dict] = []
     trace = Trace(dist.get_world_size(), f"meshrl {cfg.algo} / {plan.strategy}")
-    writer = MetricsWriter(out, tensorboard=False) if out is not None and rank == 0 else None
+    writer = None
+    if out is not None and rank == 0:
+        kept = [r for r in read_metrics(Path(out) / "metrics.jsonl") if r["iteration"] < start] \
+            if start > 0 and (Path(out) / "metrics.jsonl").is_file() else []
+        writer = MetricsWriter(out, tensorboard=False)  # starts the file afresh: keep what precedes start
+        for r in kept:
+            writer.write(r)
     last = [time.time()]
 
     def on_end(t: int, logs: list[RankLog] | None) -> None:
-        if logs is None:
-            return
+        if logs is not None:
+            report(t, logs)
+        if out is not None and ((t + 1) % save_every == 0 or t + 1 == cfg.train.iterations):
+            save_checkpoint(out, t, engine.roles, plan.to_json())  # after the metrics it covers
+
+    def report(t: int, logs: list[RankLog]) -> None:
         now = time.time()
         rec = record_of(t, logs, now - last[0])
         last[0] = now
@@ -86,4 +153,6 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     engine.run(start, cfg.train.iterations, on_end)
     if writer is not None:
         writer.close()
+    if out is not None:
+        export_actor(engine.roles, out, engine.tok)
     return records if rank == 0 else None

@@ -49,6 +49,8 @@ class Step:
     def name(self) -> str:
         if self.kind == "call":
             return self.call
+        if self.kind == "end":
+            return "end of iteration"
         if self.kind == "realloc":
             return f"realloc {self.role}->{self.call}"
         return f"transfer {self.src_call}->{self.call}"

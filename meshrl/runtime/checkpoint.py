@@ -1,0 +1,108 @@
+"""Checkpoints: atomic, sharded by rank, exact on resume; the actor exported as an HF checkpoint.
+
+    OUT/ckpt-000004/ rank0.pt .. rankN.pt   each rank's home shards of every role it holds, with
+                                              their ZeRO optimizer state and the rank's RNG state
+                     plan.json meta.json       the plan they were written under; iteration, world
+
+Atomic: the ranks write into ``OUT/.ckpt-tmp``; after a barrier rank 0 writes meta.json and renames
+the directory (one rename, atomic on POSIX), then deletes older checkpoints. A crash at any moment
+leaves either the previous complete checkpoint or the new one, never a half-written one that loads.
+The data position is the iteration: every choice of data is keyed by (seed, iteration).
+Only home placements are saved: every copy is refreshed by a reallocation step before its next use.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .roles import RoleModels
+
+PREFIX = "ckpt-"
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The newest complete checkpoint directory under ``out`` (one with meta.json), else None."""
+    done = [p for p in Path(out).glob(f"{PREFIX}*") if (p / "meta.json").is_file()]
+    return max(done, key=lambda p: int(p.name[len(PREFIX):])) if done else None
+
+
+def _rank_state(roles: dict[str, RoleModels]) -> dict:
+    state: dict = {"rng": torch.get_rng_state(), "roles": {}}
+    for name, rm in roles.items():
+        pm = rm.models.get(rm.home)
+        if pm is None:
+            continue
+        state["roles"][name] = {"params": {k: v.clone() for k, v in pm.local_state().items()},
+                                "optim": pm.optimizer.state_dict() if pm.optimizer is not None else None}
+    return state
+
+
+def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels], plan_json: str,
+                    keep: int = 1) -> Path:
+    """Collective over all ranks: write the state after ``iteration``; returns the final directory."""
+    out = Path(out)
+    tmp, final = out / ".ckpt-tmp", out / f"{PREFIX}{iteration:06d}"
+    rank = dist.get_rank()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    torch.save(_rank_state(roles), tmp / f"rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        (tmp / "plan.json").write_text(plan_json)
+        (tmp / "meta.json").write_text(json.dumps({"iteration": iteration, "world": dist.get_world_size()}))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        old = sorted((p for p in out.glob(f"{PREFIX}*") if p != final), key=lambda p: p.name)
+        for p in old[:max(0, len(old) - keep + 1)]:
+            shutil.rmtree(p, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def load_checkpoint(path: str | Path, roles: dict[str, RoleModels]) -> int:
+    """Restore this rank's home shards, optimizer state and RNG; returns the saved iteration."""
+    path = Path(path)
+    meta = json.loads((path / "meta.json").read_text())
+    if meta["world"] != dist.get_world_size():
+        from ..errors import UserError
+
+        raise UserError(f"checkpoint {path} was written by {meta['world']} ranks; this run has "
+                        f"{dist.get_world_size()}")
+    state = torch.load(path / f"rank{dist.get_rank()}.pt", weights_only=False)
+    torch.set_rng_state(state["rng"])
+    for name, saved in state["roles"].items():
+        pm = roles[name].models[roles[name].home]
+        pm.load_local_state(saved["params"])
+        if saved["optim"] is not None:
+            pm.optimizer.load_state_dict(saved["optim"])
+    return int(meta["iteration"])
+
+
+def export_actor(roles: dict[str, RoleModels], out: str | Path, tok=None) -> Path | None:
+    """Collective over the actor's home mesh: gather the trained actor and save it as a Hugging
+    Face checkpoint at OUT/actor (written by the mesh's first rank; returns the path there)."""
+    from ..model.checkpoint import build_model, save_pretrained
+
+    rm = roles.get("actor")
+    if rm is None or rm.home not in rm.models:
+        return None
+    full = rm.models[rm.home].full_state_dict()
+    if full is None:
+        return None
+    model = build_model(rm.cfg, seed=0)
+    res = model.load_state_dict(full, strict=False)
+    bad = [k for k in res.missing_keys if k != "lm_head.weight"] + list(res.unexpected_keys)  # tied head
+    if bad:
+        raise RuntimeError(f"export: the gathered actor does not match the model: {bad[:3]}")
+    path = Path(out) / "actor"
+    save_pretrained(model, path)
+    if tok is not None and hasattr(tok, "save_pretrained"):
+        tok.save_pretrained(str(path))
+    return path

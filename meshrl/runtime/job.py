@@ -1,0 +1,109 @@
+"""``meshrl train --nprocs N --plan STRATEGY|FILE.json [--resume]``: one job of N ranks running a plan.
+
+Locally the job starts its ranks itself (meshrl/runtime/launch.py: gloo on CPU, NCCL on GPUs);
+under ``torchrun`` (RANK / WORLD_SIZE / MASTER_ADDR in the environment) each torchrun process is
+one rank and joins the env:// rendezvous. Everything a user can get wrong is checked before any
+rank starts. A rank that raises or dies ends the job at once, a rank that hangs ends it when the
+collective timeout expires, and the message names the rank and the step (call, reallocation or
+transfer) it was in: each rank writes its current step to ``OUT/.ranks/rankN``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ..config import Config
+from ..errors import UserError
+from ..plan.execution_plan import ExecutionPlan
+
+JOB_DEADLINE_S = 7 * 24 * 3600.0  # the pool's wait for the whole run; hangs are bounded by timeout_s
+
+
+def plan_table(plan: ExecutionPlan) -> str:
+    """The plan as a table: which ranks run each call, with which layout."""
+    rows = [("call", "ranks", "layout", "micro-batches")]
+    rows += [(n, str(cp.mesh), str(cp.layout), str(cp.micro_batches)) for n, cp in plan.calls.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    head = f"plan: {plan.strategy} on {plan.cluster.size} ranks ({plan.cluster.device})" + \
+        (", async generation (one step off-policy)" if plan.async_gen else "")
+    return head + "\n" + "\n".join(lines)
+
+
+def under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _failure(status_dir: Path, err: Exception) -> str:
+    """The pool's error plus what every rank was doing when the job ended."""
+    lines = [str(err).splitlines()[0] if str(err) else type(err).__name__]
+    for f in sorted(status_dir.glob("rank*"), key=lambda p: int(p.name[4:])):
+        text = f.read_text().strip()
+        lines.append(f"  {f.name}: {text.splitlines()[0] if text else '(no step yet)'}")
+        if text.startswith("failed"):
+            lines.append("    " + text.splitlines()[-1])
+    return "\n".join(lines)
+
+
+def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = False, timeout_s: float = 300.0,
+           quiet: bool = False) -> list[dict] | None:
+    """Run the job; returns rank 0's metrics records. Raises UserError for bad input and
+    RuntimeError (naming rank and step) when a rank fails."""
+    from .checkpoint import latest_checkpoint
+    from .plans import resolve_plan
+    from .run import rank_main
+
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else nprocs
+    if world < 1:
+        raise UserError(f"--nprocs must be >= 1, got {nprocs}")
+    plan, note = resolve_plan(cfg, plan_spec, world)
+    start = 0
+    if resume:
+        ck = latest_checkpoint(out)
+        if ck is None:
+            raise UserError(f"--resume: no checkpoint in {out}")
+        saved = ExecutionPlan.load(ck / "plan.json")
+        if saved.to_dict()["calls"] != plan.to_dict()["calls"]:
+            plan = saved  # resume under the plan the checkpoint was written with
+        start = int(ck.name.split("-")[1]) + 1
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(plan.to_json())
+    if not quiet:
+        print(plan_table(plan) + (f"\n{note}" if note else ""))
+        if start:
+            print(f"resuming from {latest_checkpoint(out)} at iteration {start}")
+    if under_torchrun():
+        return _torchrun_main(cfg, plan, out, start, timeout_s, quiet)
+    status = out / ".ranks"
+    shutil.rmtree(status, ignore_errors=True)
+    status.mkdir()
+    from .launch import RankError, RankPool
+
+    try:
+        with RankPool(world, timeout=timeout_s) as pool:
+            return pool.run(rank_main, cfg, plan, str(out), start, timeout_s, str(status), quiet,
+                            timeout=JOB_DEADLINE_S)[0]
+    except RankError as e:
+        raise RuntimeError(_failure(status, e)) from None
+
+
+def _torchrun_main(cfg: Config, plan: ExecutionPlan, out: Path, start: int, timeout_s: float, quiet: bool
+                   ) -> list[dict] | None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from .run import rank_main
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        return rank_main(cfg, plan, str(out), start, timeout_s, None, quiet)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,92 @@
+"""``--plan STRATEGY|FILE.json`` -> a validated ExecutionPlan for the ranks of this run.
+
+Strategies come from the planner (meshrl/plan/strategies.py). On CPU without a measured profile
+the planner has no costs for the device, so the plan's *shape* is chosen with the a100-80g preset
+as a stand-in (the strategies' structure does not depend on the device for models this small) and
+the run says so; the plan still runs on the CPU ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+from ..algo.graph import graph_for
+from ..config import Config
+from ..errors import UserError
+from ..plan.execution_plan import Cluster, ExecutionPlan
+
+STAND_IN_DEVICE = "a100-80g"
+
+
+def run_cluster(cfg: Config, world: int) -> Cluster:
+    """The config's cluster if it has ``world`` devices, else one node of ``world`` local ranks."""
+    c = cfg.cluster
+    if c.nodes * c.devices_per_node == world:
+        return Cluster(c.nodes, c.devices_per_node, c.device)
+    return Cluster(1, world, c.device)
+
+
+def _problem(cfg: Config, cluster: Cluster, async_gen: int | None):
+    from ..plan.problem import problem_from_config
+
+    pcfg = copy.deepcopy(cfg)
+    pcfg.cluster.nodes, pcfg.cluster.devices_per_node = cluster.nodes, cluster.devices_per_node
+    note = ""
+    if cluster.device == "cpu" and not _has_cpu_profile():
+        pcfg.cluster.device = STAND_IN_DEVICE
+        note = f"(no CPU profile: plan shape chosen with {STAND_IN_DEVICE} costs; run `meshrl profile` for real ones)"
+    return problem_from_config(pcfg, async_gen=async_gen), note
+
+
+def _has_cpu_profile() -> bool:
+    path = os.environ.get("MESHRL_PROFILE") or str(Path.home() / ".cache" / "meshrl" / "profile-cpu.json")
+    return Path(path).is_file()
+
+
+def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = None) -> tuple[ExecutionPlan, str]:
+    """(plan, a note for the log). ``spec``: a strategy name, 'search', or a plan JSON file."""
+    cluster = run_cluster(cfg, world)
+    note = ""
+    if spec.endswith(".json") or Path(spec).is_file():
+        plan = ExecutionPlan.load(spec)
+        if plan.cluster.size != world:
+            raise UserError(f"plan {spec} is for {plan.cluster.size} devices, but this run has {world} ranks")
+    else:
+        problem, note = _problem(cfg, cluster, async_gen)
+        if spec == "search":
+            from ..plan.search import search
+
+            plan = search(problem).plan
+        else:
+            from ..plan.strategies import build
+
+            plan = build(problem, spec)
+        plan.cluster = cluster
+    if async_gen is not None:
+        plan.async_gen = async_gen
+    check_plan(cfg, plan)
+    return plan, note
+
+
+def check_plan(cfg: Config, plan: ExecutionPlan) -> None:
+    """UserError naming the culprit if the plan does not fit the run's graph, models or batch."""
+    from ..model.presets import get_preset
+
+    graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+    roles = {c.name: c.role for c in graph.calls}
+    dims = {}
+    for role in graph.roles():
+        spec = getattr(cfg.models, role)
+        m = get_preset(spec.preset or "tiny") if not spec.path else None
+        if m is not None:
+            dims[role] = (m.num_attention_heads, m.num_hidden_layers)
+    plan.validate(graph.names, dims if len(dims) == len(graph.roles()) else None, roles)
+    rows = cfg.data.batch_size * max(1, cfg.data.samples_per_prompt)
+    per_mini = rows // max(1, cfg.ppo.mini_batches)
+    for name, cp in plan.calls.items():
+        limit = per_mini if graph.call(name).kind == "train" else rows
+        if cp.layout.dp > limit:
+            raise UserError(f"plan call {name}: dp={cp.layout.dp} is more than the {limit} sequences it gets "
+                            "per step (data.batch_size x samples_per_prompt / ppo.mini_batches)")
