@@ -62,8 +62,9 @@ def main() -> None:
     ap.add_argument("--out", default="docs/real_grid.md")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    head = "| setting | model | GPUs | gen | " + " | ".join(COLUMNS) + " | search vs best strategy |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 5)]
+    head = ("| setting | model | GPUs | gen | " + " | ".join(COLUMNS)
+            + " | search vs best strategy | search vs heuristic |")
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 6)]
     print(head, flush=True)
     for scale, label, n, gen, actor, critic in cells():
         res = run_cell(actor, critic, n, gen, args.budget)
@@ -75,7 +76,10 @@ def main() -> None:
             gain = f"{best.iteration_s / s.iteration_s:.2f}x ({best.name})"
         else:
             gain = "only search fits"
-        line = f"| scale {scale} | {label} | {n} | {gen} | " + " | ".join(fmt(res[c]) for c in COLUMNS) + f" | {gain} |"
+        heu = res["heuristic"]
+        vs_heu = f"{heu.iteration_s / s.iteration_s:.2f}x" if heu.feasible else "heuristic OOM"
+        line = (f"| scale {scale} | {label} | {n} | {gen} | " + " | ".join(fmt(res[c]) for c in COLUMNS)
+                + f" | {gain} | {vs_heu} |")
         lines.append(line)
         print(line, flush=True)
     total = time.perf_counter() - t0
