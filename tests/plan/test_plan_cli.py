@@ -83,3 +83,13 @@ def test_profile_quick_writes_a_profile_the_planner_reads(capsys, tmp_path):
                  "--budget", "0.5"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["strategies"]["search"]["feasible"]
+
+
+def test_the_planner_never_imports_torch():
+    """Planning is pure Python: a laptop plans for 1,000 GPUs without torch or a process group."""
+    import subprocess
+    import sys
+
+    code = ("import sys, meshrl.plan.report, meshrl.plan.search, meshrl.commands.plan, meshrl.commands.profile; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
