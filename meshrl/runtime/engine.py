@@ -13,6 +13,7 @@ which writes the metrics record.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,9 +93,17 @@ class Engine:
             lg.events.append((step.name, step.kind, t0, dur))
 
     def _mark(self, step: Step) -> None:
-        """Leave the current step where the launcher can read it if this rank dies (names the call)."""
+        """Leave the current step where the launcher can read it if this rank dies (names the call).
+        Fault injection for the tests: MESHRL_FAULT="RANK:TEXT" kills rank RANK (exit code 3) when
+        it enters the first step named TEXT (e.g. "1:actor_gen")."""
         if self.status is not None:
             self.status.write_text(f"step '{step.name}' of iteration {step.iteration}")
+        fault = os.environ.get("MESHRL_FAULT", "")
+        if fault and fault.split(":", 1)[0] == str(self.rank) and fault.split(":", 1)[1] == step.name:
+            if self.status is not None:
+                self.status.write_text(f"step '{step.name}' of iteration {step.iteration} "
+                                       f"(killed by MESHRL_FAULT at {time.time():.3f})")
+            os._exit(3)
 
     def _do(self, step: Step) -> None:
         if step.kind == "call":

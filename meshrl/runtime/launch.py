@@ -35,8 +35,18 @@ class _Task:
     kwargs: dict
 
 
+def _exit_with_parent(parent: int) -> None:
+    """A rank whose parent is gone (e.g. the job was killed with SIGKILL) exits instead of running on."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
 def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: float,
             tasks: "mp.Queue", results: "mp.Queue", env: dict[str, str]) -> None:
+    import threading
+
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     os.environ.update(env)
     import torch
     import torch.distributed as dist

@@ -77,6 +77,19 @@ def model_configs(cfg: Config) -> list:
     return [model_for(getattr(cfg.models, role), role) for role in graph.roles()]
 
 
+def _complete_records(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl, without a last line cut short by a kill."""
+    import json
+
+    out = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
 def record_of(t: int, logs: list[RankLog], wall_s: float) -> dict:
     """One metrics record: the reported stats, then timings (slowest rank per step) under time/.
 
@@ -105,7 +118,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     ``out/actor``."""
     import time
 
-    from ..observe.metrics import MetricsWriter, read_metrics, summary_line
+    from ..observe.metrics import MetricsWriter, summary_line
     from .checkpoint import export_actor, latest_checkpoint, load_checkpoint, save_checkpoint
 
     rank = dist.get_rank()
@@ -122,8 +135,8 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     trace = Trace(dist.get_world_size(), f"meshrl {cfg.algo} / {plan.strategy}")
     writer = None
     if out is not None and rank == 0:
-        kept = [r for r in read_metrics(Path(out) / "metrics.jsonl") if r["iteration"] < start] \
-            if start > 0 and (Path(out) / "metrics.jsonl").is_file() else []
+        kept = [r for r in _complete_records(Path(out) / "metrics.jsonl") if r["iteration"] < start] \
+            if start > 0 else []
         writer = MetricsWriter(out, tensorboard=False)  # starts the file afresh: keep what precedes start
         for r in kept:
             writer.write(r)

@@ -1,0 +1,92 @@
+"""`meshrl train --nprocs N`: a crashing rank ends the job, named, with nothing left behind; a job
+killed with SIGKILL at a random moment and resumed ends with the uninterrupted run's weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+ARGS = ["algo=ppo", "data.batch_size=4", "data.gen_len=4", "sft.steps=2", "sft.batch_size=8",
+        "train.iterations=3", "--nprocs", "2", "--plan", "disaggregated", "--no-progress"]
+
+
+def _tagged_pids(tag: str) -> list[int]:
+    """Processes whose environment carries ``tag`` (the job and every rank it started)."""
+    out = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if tag.encode() in env.read_bytes():
+                out.append(int(env.parent.name))
+        except OSError:
+            continue
+    return out
+
+
+def _start(out: Path, extra: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "meshrl.cli", "train", *ARGS, *extra, "--out", str(out)],
+                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def test_a_crashing_rank_ends_the_job_naming_rank_and_call(tmp_path):
+    tag = f"MESHRL_TEST_{uuid.uuid4().hex}"
+    proc = _start(tmp_path / "run", [], {"MESHRL_FAULT": "1:actor_gen", tag: "1"})
+    text, _ = proc.communicate(timeout=300)
+    ended = time.time()
+    assert proc.returncode == 1, text
+    assert "the job failed and was stopped" in text, text
+    assert "rank1: step 'actor_gen' of iteration 0 (killed by MESHRL_FAULT" in text, text
+    status = (tmp_path / "run" / ".ranks" / "rank1").read_text()
+    crashed = float(status.rsplit("at ", 1)[1].rstrip(")"))
+    assert ended - crashed < 60, f"the job took {ended - crashed:.0f} s to end after the crash"
+    time.sleep(1.0)
+    assert _tagged_pids(tag) == [], "processes of the job are still alive"
+
+
+def _final_params(out: Path) -> dict[str, torch.Tensor]:
+    ck = sorted(out.glob("ckpt-*"))[-1]
+    assert json.loads((ck / "meta.json").read_text())["iteration"] == 2
+    params = {}
+    for f in sorted(ck.glob("rank*.pt")):
+        for role, st in torch.load(f, weights_only=False)["roles"].items():
+            params.update({f"{f.stem}/{role}/{k}": v for k, v in st["params"].items()})
+    return params
+
+
+@pytest.mark.parametrize("trial", range(int(os.environ.get("MESHRL_RESUME_TRIALS", "2"))))
+def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factory, trial):
+    ref_dir = tmp_path_factory.getbasetemp() / "uninterrupted"
+    if not ref_dir.exists():
+        proc = _start(ref_dir, [], {})
+        assert proc.wait(timeout=600) == 0, proc.stdout.read()
+    want = _final_params(ref_dir)
+    out = tmp_path_factory.mktemp(f"killed{trial}")
+    tag = f"MESHRL_TEST_{uuid.uuid4().hex}"
+    proc = _start(out, [], {tag: "1"})
+    delay = random.Random(trial).uniform(5.0, 40.0)
+    try:
+        proc.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole job: launcher and ranks, at once
+        proc.wait()
+    time.sleep(1.0)
+    assert _tagged_pids(tag) == []
+    resumed = any((out / p).is_dir() for p in os.listdir(out) if p.startswith("ckpt-")) if out.exists() else False
+    proc = _start(out, ["--resume"] if resumed else [], {})
+    text, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, text
+    got = _final_params(out)
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in want), f"trial {trial} (killed after {delay:.1f} s)"
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in lines] == [0, 1, 2]
