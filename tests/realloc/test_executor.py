@@ -25,8 +25,11 @@ SIX = ModelConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidde
 
 @pytest.fixture(scope="module")
 def pool():
-    with RankPool(8, timeout=300, start_timeout=300) as p:
+    p = RankPool(8, timeout=300, start_timeout=300)
+    try:
         yield p
+    finally:
+        p.close(force=True)  # the ranks are idle: no need to wait for a clean process-group shutdown
 
 
 def _full(cfg: ModelConfig, value_head: bool, seed: int) -> dict[str, torch.Tensor]:

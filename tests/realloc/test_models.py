@@ -29,8 +29,11 @@ _PROC: dict = {}  # this process's GroupCache: groups are made once per process 
 
 @pytest.fixture(scope="module")
 def pool():
-    with RankPool(8, timeout=300, start_timeout=300) as p:
+    p = RankPool(8, timeout=300, start_timeout=300)
+    try:
         yield p
+    finally:
+        p.close(force=True)  # the ranks are idle: no need to wait for a clean process-group shutdown
 
 
 def _cache() -> GroupCache:
