@@ -14,22 +14,18 @@ advantages are rounding noise that Adam amplifies, and no two summation orders c
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
-from meshrl.algo.graph import graph_for
 from meshrl.algo.trainer import train
 from meshrl.config import load_config
 from meshrl.observe.metrics import deterministic_part
-from meshrl.parallel.mesh import Layout, Mesh
-from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
+from meshrl.plan.execution_plan import ExecutionPlan
 from meshrl.runtime.launch import RankPool
-from meshrl.runtime.plans import check_plan, resolve_plan
+from meshrl.runtime.plans import resolve_plan
 from meshrl.runtime.run import rank_main
+from runtime_util import WORLD, random_plan
 
-WORLD = 4
 RTOL, FLOOR = 1e-5, 0.1
 COMMON = ["data.gen_len=6", "sft.steps=30", "sft.batch_size=16", "reward.rule=numeric_distance",
           "train.iterations=3", "ppo.mini_batches=2"]
@@ -39,23 +35,6 @@ CONFIGS = {"ppo": ["algo=ppo", "data.batch_size=8"],
 
 def config(algo: str):
     return load_config(None, CONFIGS[algo] + COMMON)
-
-
-def random_plan(cfg, seed: int) -> ExecutionPlan:
-    """Each call on a random aligned block of 1, 2 or 4 ranks with a random layout of that size
-    (tiny: 8 heads, 8 layers) and 1 or 2 micro-batches."""
-    rng = random.Random(seed)
-    graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
-    calls = {}
-    for c in graph.calls:
-        size = rng.choice([1, 2, 4])
-        start = rng.randrange(0, WORLD, size)
-        shapes = [(dp, tp, size // (dp * tp)) for dp in (1, 2, 4) for tp in (1, 2, 4) if size % (dp * tp) == 0]
-        dp, tp, pp = rng.choice(shapes)
-        calls[c.name] = CallPlan(Mesh.range(start, size), Layout(dp, tp, pp), rng.choice([1, 2]))
-    plan = ExecutionPlan(Cluster(1, WORLD), calls, f"random{seed}")
-    check_plan(cfg, plan)
-    return plan
 
 
 def plans_for(cfg) -> dict[str, ExecutionPlan]:
