@@ -62,7 +62,11 @@ def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: f
         return
     results.put((rank, "ready", None))
     while True:
-        task = tasks.get()
+        try:  # unpickling the task imports its module: an import error is this rank's error too
+            task = tasks.get()
+        except Exception:  # noqa: BLE001
+            results.put((rank, "error", traceback.format_exc()))
+            continue
         if task is None:
             break
         try:
@@ -141,8 +145,9 @@ class RankPool:
         if not force:
             for q in self._tasks:
                 q.put(None)
+            deadline = time.monotonic() + 10  # one deadline for all ranks, not 10 s each
             for p in self._procs:
-                p.join(timeout=10)
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in self._procs:
             if p.is_alive():
                 p.kill()
