@@ -111,7 +111,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def measure_layers(quick: bool, reps: int) -> dict[str, dict]:
     """{hidden size: fits} for every profiled width, measured on one thread."""
-    tokens = (16, 128) if quick else (16, 128, 1024)
+    tokens = (16, 128) if quick else (16, 128, 512)
     batches = (1, 16) if quick else (1, 8, 64)
     out = {}
     with torch.random.fork_rng():
