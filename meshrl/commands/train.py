@@ -127,7 +127,10 @@ def run_distributed(cfg, args: argparse.Namespace, out: Path) -> int:
     """The SPMD runtime (meshrl/runtime/job.py): ranks, a plan, checkpoints and --resume."""
     from ..runtime.job import launch
 
-    print(f"meshrl train: algo={cfg.algo} on {args.nprocs or 1} rank(s)")
+    import os
+
+    world = os.environ.get("WORLD_SIZE") if args.nprocs is None else None  # under torchrun
+    print(f"meshrl train: algo={cfg.algo} on {world or args.nprocs or 1} rank(s)")
     print(sizes_line(cfg))
     try:
         records = launch(cfg, args.plan or "colocated", args.nprocs or 1, out, resume=args.resume)

@@ -57,6 +57,7 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
     from .run import rank_main
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else nprocs
+    quiet = quiet or (under_torchrun() and os.environ["RANK"] != "0")  # one console: global rank 0
     if world < 1:
         raise UserError(f"--nprocs must be >= 1, got {nprocs}")
     plan, note = resolve_plan(cfg, plan_spec, world)

@@ -90,3 +90,25 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
     assert all(torch.equal(got[k], want[k]) for k in want), f"trial {trial} (killed after {delay:.1f} s)"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in lines] == [0, 1, 2]
+
+
+def test_two_torchrun_node_groups_on_localhost(tmp_path):
+    """The same entry point under torchrun: two 'nodes' of one rank each, env:// rendezvous."""
+    port = str(29500 + random.Random(str(tmp_path)).randrange(400))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--master-addr", "127.0.0.1", "--master-port", port]
+    train = ["-m", "meshrl.cli", "train", *ARGS[:6], "train.iterations=2", "--plan", "disaggregated",
+             "--no-progress", "--out", str(tmp_path / "run")]
+    procs = [subprocess.Popen(cmd + ["--node-rank", str(n)] + train, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for n in (1, 0)]
+    try:
+        texts = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert [p.returncode for p in procs] == [0, 0], texts
+    assert "plan: disaggregated on 2 ranks" in texts[1] and "plan:" not in texts[0]
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in lines] == [0, 1]
+    assert (tmp_path / "run" / "actor" / "model.safetensors").is_file()
