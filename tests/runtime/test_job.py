@@ -112,3 +112,25 @@ def test_two_torchrun_node_groups_on_localhost(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in lines] == [0, 1]
     assert (tmp_path / "run" / "actor" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("plan, message", [
+    ("nope", "unknown strategy 'nope'"),
+    ("missing.json", "plan file not found: missing.json"),
+    ("WRONG_WORLD", "is for 4 devices, but this run has 2 ranks"),
+])
+def test_bad_plans_are_refused_before_any_rank_starts(tmp_path, plan, message):
+    if plan == "WRONG_WORLD":
+        from meshrl.parallel.mesh import Layout, Mesh
+        from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
+
+        names = ["actor_gen", "reward_inf", "ref_inf", "critic_inf", "actor_train", "critic_train"]
+        plan = str(tmp_path / "p.json")
+        Path(plan).write_text(ExecutionPlan(Cluster(1, 4), {n: CallPlan(Mesh.range(0, 4), Layout(4)) for n in names})
+                              .to_json())
+    args = [a if a != "disaggregated" else plan for a in ARGS]
+    res = subprocess.run([sys.executable, "-m", "meshrl.cli", "train", *args, "--out", str(tmp_path / "o")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "meshrl train: error:" in res.stderr and message in res.stderr, res.stderr
+    assert not (tmp_path / "o" / ".ranks").exists()
