@@ -133,7 +133,8 @@ def run_distributed(cfg, args: argparse.Namespace, out: Path) -> int:
     print(f"meshrl train: algo={cfg.algo} on {world or args.nprocs or 1} rank(s)")
     print(sizes_line(cfg))
     try:
-        records = launch(cfg, args.plan or "colocated", args.nprocs or 1, out, resume=args.resume)
+        records = launch(cfg, args.plan or "colocated", args.nprocs or 1, out, resume=args.resume,
+                         progress=not args.no_progress)
     except RuntimeError as e:
         print(f"meshrl train: the job failed and was stopped: {e}")
         return 1

@@ -49,7 +49,7 @@ def _failure(status_dir: Path, err: Exception) -> str:
 
 
 def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = False, timeout_s: float = 300.0,
-           quiet: bool = False) -> list[dict] | None:
+           quiet: bool = False, progress: bool = False) -> list[dict] | None:
     """Run the job; returns rank 0's metrics records. Raises UserError for bad input and
     RuntimeError (naming rank and step) when a rank fails."""
     from .checkpoint import latest_checkpoint
@@ -77,7 +77,7 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
         if start:
             print(f"resuming from {latest_checkpoint(out)} at iteration {start}")
     if under_torchrun():
-        return _torchrun_main(cfg, plan, out, start, timeout_s, quiet)
+        return _torchrun_main(cfg, plan, out, start, timeout_s, quiet, progress)
     status = out / ".ranks"
     shutil.rmtree(status, ignore_errors=True)
     status.mkdir()
@@ -85,14 +85,14 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
 
     try:
         with RankPool(world, timeout=timeout_s) as pool:
-            return pool.run(rank_main, cfg, plan, str(out), start, timeout_s, str(status), quiet,
+            return pool.run(rank_main, cfg, plan, str(out), start, timeout_s, str(status), quiet, 1, progress,
                             timeout=JOB_DEADLINE_S)[0]
     except RankError as e:
         raise RuntimeError(_failure(status, e)) from None
 
 
-def _torchrun_main(cfg: Config, plan: ExecutionPlan, out: Path, start: int, timeout_s: float, quiet: bool
-                   ) -> list[dict] | None:
+def _torchrun_main(cfg: Config, plan: ExecutionPlan, out: Path, start: int, timeout_s: float, quiet: bool,
+                   progress: bool) -> list[dict] | None:
     import datetime
 
     import torch
@@ -105,6 +105,6 @@ def _torchrun_main(cfg: Config, plan: ExecutionPlan, out: Path, start: int, time
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
     try:
-        return rank_main(cfg, plan, str(out), start, timeout_s, None, quiet)
+        return rank_main(cfg, plan, str(out), start, timeout_s, None, quiet, 1, progress)
     finally:
         dist.destroy_process_group()

@@ -110,12 +110,13 @@ def record_of(t: int, logs: list[RankLog], wall_s: float) -> dict:
 
 
 def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0, timeout_s: float = 300.0,
-              status_dir: str | None = None, quiet: bool = False, save_every: int = 1) -> list[dict] | None:
+              status_dir: str | None = None, quiet: bool = False, save_every: int = 1, progress: bool = False
+              ) -> list[dict] | None:
     """Run iterations ``start`` .. cfg.train.iterations-1 on this rank (start > 0: resume from the
-    newest checkpoint in ``out``). Returns the metrics records on rank 0 (None elsewhere); ``quiet``:
-    no console lines. With ``out``, rank 0 also writes metrics.jsonl and trace.json, all ranks write
-    a checkpoint every ``save_every`` iterations and at the end, and the actor is exported to
-    ``out/actor``."""
+    newest checkpoint in ``out``). Returns the metrics records on rank 0 (None elsewhere).
+    ``quiet``: no console lines; ``progress``: a progress bar on rank 0. With ``out``, rank 0 also
+    writes metrics.jsonl and trace.json, all ranks write a checkpoint every ``save_every``
+    iterations and at the end, and the actor is exported to ``out/actor``."""
     import time
 
     from ..observe.metrics import MetricsWriter, summary_line
@@ -160,10 +161,21 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
             writer.write(rec)
             trace.save(Path(out) / "trace.json")
         log(summary_line(rec, ("reward/mean", "kl/k1", "actor/pg_loss", "critic/vf_loss", "time/iteration")))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(reward=f"{rec.get('reward/mean', float('nan')):.3f}")
 
+    bar = None
+    if progress and rank == 0 and not quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.train.iterations, initial=start, desc=f"{cfg.algo} / {plan.strategy}")
+        log = bar.write
     dist.barrier()  # iteration timing starts when every rank has built its models
     last[0] = time.time()
     engine.run(start, cfg.train.iterations, on_end)
+    if bar is not None:
+        bar.close()
     if writer is not None:
         writer.close()
     if out is not None:
