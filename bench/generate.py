@@ -1,22 +1,31 @@
 """Our model against transformers on the same weights, in one run: batched greedy generation
 (tokens/s) and one training step (forward + backward of a causal-LM loss).
 
-    python bench/generate.py [--preset small] [--batch 8] [--new-tokens 64] [--repeats 5]
+    python bench/generate.py [--preset small] [--batch 8] [--new-tokens 32] [--repeats 5] [--threads 1]
 
 Both sides get the same checkpoint (saved by meshrl, read by transformers), the same left-padded
 prompts of different lengths, the same thread count; runs alternate ours/theirs so that noise from
-other processes hits both alike. Prints medians and the ratios (> 1 means meshrl is faster).
+other processes hits both alike. Prints medians of wall time and of CPU time (the steadier one on a
+shared machine) and the ratios (> 1 means meshrl is faster).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
 import time
 
-import torch
-import torch.nn.functional as F
+# Transparent huge pages for torch's CPU allocator: read once when torch loads, so set it before the
+# import. Without it, on this machine, a GEMV over freshly allocated 100 MB weights ran ~2x slower
+# than over the same weights mmapped from a safetensors file (see docs/model.md). Both sides get it.
+if "--no-thp" not in sys.argv:
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 def _prompts(batch: int, vocab: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
@@ -32,10 +41,23 @@ def _left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _time(fn) -> float:
-    t0 = time.perf_counter()
+def _time(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process). On a machine shared with other jobs, CPU time
+    is the steadier measure of work (with --threads 1 it excludes time spent waiting for a core)."""
+    w0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def _alternate(ours, theirs, repeats: int) -> dict[str, float]:
+    """Run ours/theirs alternately so noise from other processes hits both alike; medians."""
+    runs: dict[str, list[float]] = {"ours_wall": [], "ours_cpu": [], "hf_wall": [], "hf_cpu": []}
+    for _ in range(repeats):
+        for name, fn in (("ours", ours), ("hf", theirs)):
+            wall, cpu = _time(fn)
+            runs[f"{name}_wall"].append(wall)
+            runs[f"{name}_cpu"].append(cpu)
+    return {k: statistics.median(v) for k, v in runs.items()}
 
 
 def bench_generate(ours, theirs, prompts, new_tokens: int, repeats: int) -> dict:
@@ -54,13 +76,9 @@ def bench_generate(ours, theirs, prompts, new_tokens: int, repeats: int) -> dict
         return out[:, ids.shape[1]:]
 
     same = run_ours().tolist() == run_theirs().tolist()  # also the warm-up
-    t_ours, t_theirs = [], []
-    for _ in range(repeats):
-        t_ours.append(_time(run_ours))
-        t_theirs.append(_time(run_theirs))
+    t = _alternate(run_ours, run_theirs, repeats)
     n = len(prompts) * new_tokens
-    return {"same_tokens": same, "ours_tok_s": n / statistics.median(t_ours),
-            "hf_tok_s": n / statistics.median(t_theirs)}
+    return {"same_tokens": same, **{f"{k}_tok_s": n / v for k, v in t.items()}}
 
 
 def bench_train(ours, theirs, batch: int, seq: int, vocab: int, repeats: int) -> dict:
@@ -80,12 +98,7 @@ def bench_train(ours, theirs, batch: int, seq: int, vocab: int, repeats: int) ->
         return step(theirs, lambda m: m(ids).logits)
 
     loss_diff = abs(run_ours() - run_theirs())  # also the warm-up
-    t_ours, t_theirs = [], []
-    for _ in range(repeats):
-        t_ours.append(_time(run_ours))
-        t_theirs.append(_time(run_theirs))
-    return {"loss_abs_diff": loss_diff, "ours_s": statistics.median(t_ours),
-            "hf_s": statistics.median(t_theirs)}
+    return {"loss_abs_diff": loss_diff, **_alternate(run_ours, run_theirs, repeats)}
 
 
 def main() -> None:
@@ -93,42 +106,51 @@ def main() -> None:
     ap.add_argument("--preset", default="small")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prompt-len", default="16,64", help="min,max prompt length")
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--train-batch", type=int, default=4)
-    ap.add_argument("--train-seq", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--train-seq", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (0 = torch's default); 1 makes CPU time a clean measure of work")
     ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--no-thp", action="store_true", help="leave THP_MEM_ALLOC_ENABLE unset")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     import transformers
 
-    from meshrl.model import build_model, num_params
+    from meshrl.model import build_model, load_pretrained, num_params
 
-    ours = build_model(args.preset, seed=0)
+    # Both sides load the same checkpoint directory, so their weights live in the same kind of memory.
     with tempfile.TemporaryDirectory() as d:
-        ours.save_pretrained(d)
+        build_model(args.preset, seed=0).save_pretrained(d)
+        ours = load_pretrained(d)
         theirs = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     cfg = ours.config
     lo, hi = map(int, args.prompt_len.split(","))
     print(f"model: preset {args.preset!r}, {num_params(cfg) / 1e6:.1f}M parameters; torch {torch.__version__}, "
           f"transformers {transformers.__version__} (attn {theirs.config._attn_implementation}); "
-          f"{torch.get_num_threads()} threads; medians of {args.repeats}")
+          f"{torch.get_num_threads()} threads; THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}; "
+          f"medians of {args.repeats}")
     g = bench_generate(ours, theirs, _prompts(args.batch, cfg.vocab_size, lo, hi), args.new_tokens, args.repeats)
-    print(f"generate  batch {args.batch}, prompts {lo}..{hi} tokens, {args.new_tokens} new tokens, greedy: "
-          f"meshrl {g['ours_tok_s']:.1f} tok/s, transformers {g['hf_tok_s']:.1f} tok/s, "
-          f"ratio {g['ours_tok_s'] / g['hf_tok_s']:.2f}x; same tokens: {g['same_tokens']}")
+    print(f"generate  batch {args.batch}, prompts {lo}..{hi} tokens, {args.new_tokens} new tokens, greedy; "
+          f"same tokens: {g['same_tokens']}")
+    for kind in ("wall", "cpu"):
+        o, h = g[f"ours_{kind}_tok_s"], g[f"hf_{kind}_tok_s"]
+        print(f"  by {kind:4s} time: meshrl {o:8.1f} tok/s, transformers {h:8.1f} tok/s, meshrl/transformers "
+              f"{o / h:.2f}x")
     if args.skip_train:
         return
     ours.train()
     theirs.train()
     t = bench_train(ours, theirs, args.train_batch, args.train_seq, cfg.vocab_size, args.repeats)
-    print(f"train step  batch {args.train_batch} x {args.train_seq} tokens, forward+backward: "
-          f"meshrl {t['ours_s'] * 1e3:.0f} ms, transformers {t['hf_s'] * 1e3:.0f} ms, "
-          f"ratio {t['hf_s'] / t['ours_s']:.2f}x; loss abs diff {t['loss_abs_diff']:.1e}")
-
+    print(f"train step  batch {args.train_batch} x {args.train_seq} tokens, forward+backward; "
+          f"loss abs diff {t['loss_abs_diff']:.1e}")
+    for kind in ("wall", "cpu"):
+        o, h = t[f"ours_{kind}"], t[f"hf_{kind}"]
+        print(f"  by {kind:4s} time: meshrl {o * 1e3:8.0f} ms, transformers {h * 1e3:8.0f} ms, "
+              f"transformers/meshrl {h / o:.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -1,16 +1,15 @@
 """What padding costs: a padded batch against the real-token work, for an RLHF-like length mix.
 
-    python bench/padding.py [--preset small] [--layers 4] [--batch 16] [--repeats 3] [--backward]
+    python bench/padding.py [--preset small] [--layers 4] [--batch 16] [--repeats 3] [--backward] [--threads 1]
 
 meshrl batches variable-length sequences by *padding with masks* (transformer.py). This measures,
-in one run on the same model, the forward (optionally + backward) time of
+in one run on the same model, the forward (optionally + backward) CPU time of
   padded    one [B, L_max] batch, as the algorithms send it;
   sorted    the same sequences sorted by length and cut into --buckets micro-batches, each padded
             only to its own maximum (what a runtime can do for free: micro-batching is the plan's);
-  packed    all real tokens in one [1, sum L] row: the linear layers do exactly the real-token
-            work, attention does a little more (causal over the whole row), so this bounds what
-            packing could gain;
-and prints each as a multiple of `packed`, next to the fraction of real tokens in the padded batch.
+  alone     each sequence by itself, unpadded: exactly the real-token work, which is what packing
+            (one row, block-diagonal attention, positions reset per sequence) would compute;
+and prints each as a multiple of `alone`, next to the fraction of real tokens in the padded batch.
 
 Lengths: prompts uniform in [--prompt-len], responses drawn so that about a third reach the
 generation budget and the rest stop at EOS uniformly earlier, as in PPO on chat data.
@@ -19,10 +18,13 @@ generation budget and the rest stop at EOS uniformly earlier, as in PPO on chat 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
-import torch
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as bench/generate.py; read when torch loads
+
+import torch  # noqa: E402
 
 
 def rlhf_lengths(batch: int, prompt: tuple[int, int], gen_len: int, seed: int = 0) -> list[int]:
@@ -43,7 +45,8 @@ def _batch(lengths: list[int], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _run(model, batches: list[tuple[torch.Tensor, torch.Tensor | None]], backward: bool) -> float:
-    t0 = time.perf_counter()
+    """CPU seconds of this process: with one thread, a steady measure of work on a shared machine."""
+    t0 = time.process_time()
     for ids, mask in batches:
         if backward:
             model.zero_grad(set_to_none=True)
@@ -51,7 +54,7 @@ def _run(model, batches: list[tuple[torch.Tensor, torch.Tensor | None]], backwar
         else:
             with torch.no_grad():
                 model(ids, mask)
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def main() -> None:
@@ -64,7 +67,10 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from meshrl.model import build_model, get_preset, num_params
 
@@ -82,8 +88,8 @@ def main() -> None:
         rows = order[i:i + size]
         w = max(lengths[r] for r in rows)
         sorted_batches.append((ids[rows, :w], mask[rows, :w]))
-    packed = torch.cat([ids[i, :n] for i, n in enumerate(lengths)])[None]
-    plans = {"padded": [(ids, mask)], "sorted": sorted_batches, "packed": [(packed, None)]}
+    alone = [(ids[i:i + 1, :n], None) for i, n in enumerate(lengths)]
+    plans = {"padded": [(ids, mask)], "sorted": sorted_batches, "alone": alone}
 
     _run(model, plans["padded"], args.backward)  # warm-up
     times: dict[str, list[float]] = {k: [] for k in plans}
@@ -94,13 +100,13 @@ def main() -> None:
     real = sum(lengths)
     print(f"model: {args.preset} with {cfg.num_hidden_layers} layers ({num_params(cfg) / 1e6:.1f}M params); "
           f"{'forward+backward' if args.backward else 'forward'}; {torch.get_num_threads()} threads; "
-          f"medians of {args.repeats}")
+          f"medians of {args.repeats}, CPU time")
     print(f"batch {args.batch}: lengths {min(lengths)}..{max(lengths)} (mean {real / len(lengths):.0f}); "
           f"real tokens {real} of {len(lengths) * max(lengths)} padded = {real / ids.numel():.0%}")
     sorted_tokens = sum(b[0].numel() for b in sorted_batches)
     for name, t in med.items():
         extra = f", {real / sorted_tokens:.0%} real tokens" if name == "sorted" else ""
-        print(f"  {name:7s} {t * 1e3:8.0f} ms  = {t / med['packed']:.2f}x packed{extra}")
+        print(f"  {name:7s} {t * 1e3:8.0f} ms  = {t / med['alone']:.2f}x alone{extra}")
 
 
 if __name__ == "__main__":
