@@ -32,6 +32,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--profile", metavar="FILE", help="measured profile for cluster.device=cpu "
                    "(default $MESHRL_PROFILE or ~/.cache/meshrl/profile-cpu.json)")
     p.add_argument("--save", metavar="FILE.json", help="write the chosen plan here (meshrl train --plan FILE)")
+    p.add_argument("--validate", action="store_true", help="run the chosen plan on this machine's CPU ranks "
+                   "(cluster.device=cpu) and print predicted against measured time per call and iteration")
+    p.add_argument("--validate-iterations", type=int, default=3, metavar="N",
+                   help="iterations run by --validate; the first is a warm-up and is not compared (default 3)")
+    p.add_argument("--max-ranks", type=int, default=8, metavar="N",
+                   help="the most local ranks --validate may start (default 8)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"unknown strategy {args.strategy!r}; known: {', '.join(NAMES)}, all")
     config, overrides = split_items(args.items)
     cfg = load_config(config, overrides)
+    if args.validate:
+        check_validate(cfg, args)
     problem = problem_from_config(cfg, args.profile, args.async_gen)
     results, search_s = compare(problem, names, args.budget, args.seed)
     chosen = "search" if "search" in results else names[0]
@@ -76,4 +84,45 @@ def run(args: argparse.Namespace) -> int:
         print(f"(search: {search_s:.1f} s)")
     print()
     print(explain(problem, results, chosen))
+    if args.validate:
+        return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks)
+    return 0
+
+
+def check_validate(cfg, args: argparse.Namespace) -> None:
+    """--validate's own input errors, before any planning or rank starts."""
+    if cfg.cluster.device != "cpu":
+        raise UserError(f"--validate runs the plan on this machine's CPU ranks and needs cluster.device=cpu "
+                        f"(got {cfg.cluster.device!r})")
+    if args.json:
+        raise UserError("--validate prints tables; use it without --json")
+    if args.max_ranks < 1:
+        raise UserError(f"--max-ranks must be >= 1, got {args.max_ranks}")
+    world = cfg.cluster.nodes * cfg.cluster.devices_per_node
+    if world > args.max_ranks:
+        raise UserError(f"--validate: the plan needs {world} ranks (cluster.nodes x cluster.devices_per_node), "
+                        f"more than the {args.max_ranks} local ranks allowed (--max-ranks)")
+    if args.validate_iterations < 2:
+        raise UserError(f"--validate-iterations must be >= 2 (iteration 0 is a warm-up), "
+                        f"got {args.validate_iterations}")
+
+
+def validate(cfg, problem, plan, iterations: int, max_ranks: int) -> int:
+    """Run ``plan`` here and print predicted against measured seconds per step and per iteration;
+    1 if a rank failed (the message names the rank and the step)."""
+    from ..plan.validate import compare, table
+    from ..runtime.validate import rule_calls, run_plan
+
+    print(f"\nvalidating: running the plan on {plan.cluster.size} local gloo rank(s) for {iterations} iterations "
+          "(iteration 0 is a warm-up; medians of the others; no SFT warm-up, so generation runs to data.gen_len)",
+          flush=True)
+    try:
+        records = run_plan(cfg, plan, iterations, max_ranks)
+    except RuntimeError as e:
+        print(f"meshrl plan: the validation run failed and was stopped: {e}")
+        return 1
+    rows = compare(problem, plan, records, rule_calls(cfg, plan))
+    print(table(rows))
+    if rule_calls(cfg, plan):
+        print(f"({', '.join(rule_calls(cfg, plan))}: a rule reward, no model; the estimator prices a model there)")
     return 0

@@ -1,0 +1,113 @@
+"""Predicted against measured step times of a plan (pure Python: no torch).
+
+``meshrl plan --validate`` runs the chosen plan on this machine's CPU ranks (meshrl/runtime/validate.py)
+and hands the metrics records here. Measured times are the runtime's own ``time/`` figures: per
+call, reallocation and transfer the slowest rank's seconds in that step, per iteration the wall time
+between two ends of iteration. Iteration 0 is a warm-up (first calls allocate, caches are cold) and
+is left out; each figure is the median over the remaining iterations.
+
+Predicted times are the estimator's call costs and the simulator's steady-state iteration: the
+makespan of ITERS simulated iterations less that of one, over ITERS - 1 (an asynchronous plan pays
+its pipeline fill once, as a long run does).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from .execution_plan import ExecutionPlan
+from .problem import Problem
+from .simulator import build_events, schedule
+
+ITERS = 5
+PREFIX = {"call": "time/call/", "realloc": "time/realloc/", "transfer": "time/transfer/"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One step (``kind`` call | realloc | transfer | iteration): predicted and measured seconds."""
+
+    name: str
+    kind: str
+    predicted: float
+    measured: float
+    modelled: bool = True  # False: a step that runs no model (a rule reward), left out of the error
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured; nan when nothing was measured."""
+        if not self.measured or not math.isfinite(self.measured):
+            return math.nan
+        return (self.predicted - self.measured) / self.measured
+
+
+def steady_iteration_s(problem: Problem, plan: ExecutionPlan, iterations: int = ITERS) -> float:
+    """Seconds per iteration once the run is going (the first iteration's fill left out)."""
+    one = schedule(build_events(problem, plan, 1), problem.cluster.size)
+    many = schedule(build_events(problem, plan, iterations), problem.cluster.size)
+    return (many - one) / (iterations - 1)
+
+
+def predicted_steps(problem: Problem, plan: ExecutionPlan) -> dict[str, tuple[str, float]]:
+    """{step label: (kind, seconds)} for one iteration: every call, and every realloc and transfer
+    the simulator puts in iteration 1 (labels as the runtime's: 'actor->actor_gen', 'p->c')."""
+    out: dict[str, tuple[str, float]] = {n: ("call", problem.call_estimate(n, cp).time_s)
+                                         for n, cp in plan.calls.items()}
+    for ev in build_events(problem, plan, 2):
+        if ev.kind != "call" and ev.iteration == 1:
+            label = ev.name.split(" ", 1)[1]
+            out[label] = (ev.kind, out.get(label, (ev.kind, 0.0))[1] + ev.duration)
+    return out
+
+
+def measured_steps(records: list[dict], skip: int = 1) -> dict[str, tuple[str, float]]:
+    """{step label: (kind, median seconds)} from the runtime's metrics records, plus 'iteration'."""
+    recs = records[skip:] if len(records) > skip else records
+    out: dict[str, tuple[str, float]] = {}
+    for kind, pre in PREFIX.items():
+        keys = sorted({k for r in recs for k in r if k.startswith(pre)})
+        for k in keys:
+            out[k[len(pre):]] = (kind, statistics.median(r.get(k, 0.0) for r in recs))
+    out["iteration"] = ("iteration", statistics.median(r["time/iteration"] for r in recs))
+    return out
+
+
+def compare(problem: Problem, plan: ExecutionPlan, records: list[dict], unmodelled: tuple[str, ...] = (),
+            skip: int = 1) -> list[Row]:
+    """One row per call (graph order), then every realloc and transfer either side has, then the
+    iteration. ``unmodelled``: calls that run no model (rule rewards), kept out of the errors."""
+    pred = predicted_steps(problem, plan)
+    meas = measured_steps(records, skip)
+    rows = [Row(n, "call", pred[n][1], meas.get(n, ("call", math.nan))[1], n not in unmodelled)
+            for n in plan.calls]
+    others = sorted({k for k, (kind, _) in {**pred, **meas}.items() if kind in ("realloc", "transfer")},
+                    key=lambda k: (pred.get(k, meas.get(k))[0], k))
+    for k in others:
+        kind = pred.get(k, meas.get(k))[0]
+        rows.append(Row(k, kind, pred.get(k, (kind, 0.0))[1], meas.get(k, (kind, 0.0))[1]))
+    rows.append(Row("iteration", "iteration", steady_iteration_s(problem, plan), meas["iteration"][1]))
+    return rows
+
+
+def summary(rows: list[Row]) -> tuple[float, float, int]:
+    """(median |error|, worst |error|, count) over the modelled calls and the iteration."""
+    errs = [abs(r.error) for r in rows if r.kind in ("call", "iteration") and r.modelled and math.isfinite(r.error)]
+    if not errs:
+        return math.nan, math.nan, 0
+    return statistics.median(errs), max(errs), len(errs)
+
+
+def table(rows: list[Row]) -> str:
+    """The rows as an aligned text table."""
+    lines = [("step", "kind", "predicted s", "measured s", "error")]
+    for r in rows:
+        err = "n/a (no model)" if not r.modelled else ("-" if not math.isfinite(r.error) else f"{r.error:+.0%}")
+        lines.append((r.name, r.kind, f"{r.predicted:.4f}", f"{r.measured:.4f}", err))
+    w = [max(len(line[i]) for line in lines) for i in range(5)]
+    out = ["  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(line)) for line in lines]
+    out.insert(1, "  ".join("-" * x for x in w))
+    med, worst, n = summary(rows)
+    out.append(f"median |error| {med:.0%}, worst {worst:.0%} over {n} calls and the iteration")
+    return "\n".join(out)
