@@ -82,6 +82,8 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
     time.sleep(1.0)
     assert _tagged_pids(tag) == []
     resumed = any((out / p).is_dir() for p in os.listdir(out) if p.startswith("ckpt-")) if out.exists() else False
+    done = sorted(p for p in os.listdir(out) if p.startswith("ckpt-")) if out.exists() else []
+    print(f"trial {trial}: SIGKILL after {delay:.1f} s; newest checkpoint: {done[-1] if done else 'none'}")
     proc = _start(out, ["--resume"] if resumed else [], {})
     text, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, text
