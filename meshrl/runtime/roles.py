@@ -81,14 +81,15 @@ class RoleModels:
 
     def refresh(self, dst: Placement, rank: int, timeout_s: float) -> int:
         """Reallocate the home weights into the copy at ``dst``; returns bytes this rank sent."""
+        dtype = next(iter(self.models.values())).dtype  # this rank holds the home, the copy or both
         if dst not in self.reallocators:
             value = self.name in VALUE_ROLES
             plan = realloc_plan(shard_map(self.cfg, self.home, value), shard_map(self.cfg, dst, value),
-                                dtype_bytes=4)
+                                dtype_bytes=torch.empty((), dtype=dtype).element_size())
             self.reallocators[dst] = Reallocator(plan, rank, timeout=timeout_s)
         src = self.models[self.home].local_state() if rank in self.home.mesh else {}
         out = self.models[dst].local_state() if rank in dst.mesh else None
-        _, stats = self.reallocators[dst].run(src, out=out, dtype=torch.float32)
+        _, stats = self.reallocators[dst].run(src, out=out, dtype=dtype)
         return stats.sent
 
 
