@@ -73,9 +73,17 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
     out = tmp_path_factory.mktemp(f"killed{trial}")
     tag = f"MESHRL_TEST_{uuid.uuid4().hex}"
     proc = _start(out, [], {tag: "1"})
-    delay = random.Random(trial).uniform(5.0, 40.0)
+    # Every fifth trial is killed at a random moment of start-up (no checkpoint yet: start again);
+    # the others at a random moment after the first checkpoint (mid-iteration, mid-save, or done).
+    rng, t0 = random.Random(trial), time.time()
+    if trial % 5 == 0:
+        delay = rng.uniform(2.0, 20.0)
+    else:
+        while not (out / "ckpt-000000").exists() and proc.poll() is None and time.time() - t0 < 300:
+            time.sleep(0.05)
+        delay = time.time() - t0 + rng.uniform(0.0, 8.0)
     try:
-        proc.wait(timeout=delay)
+        proc.wait(timeout=max(0.0, delay - (time.time() - t0)))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the whole job: launcher and ranks, at once
         proc.wait()
