@@ -1,12 +1,20 @@
-"""Estimator accuracy on this machine, one rank: predicted (CPU profile) against measured time of
-each call kind with meshrl's own model, side by side in one run.
+"""Estimator accuracy on this machine: predicted (CPU profile) against measured time, side by side.
 
-    python bench/estimator_accuracy.py [--profile FILE] [--reps 3]
+    python bench/estimator_accuracy.py [--profile FILE] [--ranks 2,4] [--strategies colocated,interleaved]
+                                       [--iterations 5]
+    python bench/estimator_accuracy.py --one-rank [--profile FILE] [--reps 3]
 
-Run `meshrl profile` first (on an idle machine). Measured: `meshrl.model.generate` (prefill +
-decoding with the KV cache), `sequence_logprobs` without gradients (inference), and one PPO-style
-optimizer step (log-probs, backward, AdamW). Prints each call's predicted and measured median
-seconds and the relative error, then the median and worst error."""
+Run `meshrl profile` first (on an idle machine).
+
+Default (ranks): the PPO demo (`meshrl train`'s sizes) under each strategy on each number of local
+gloo ranks, run by the runtime exactly as `meshrl plan --validate` does (meshrl/runtime/validate.py:
+no SFT warm-up, nothing written between iterations); per call and per iteration the predicted
+seconds and the median measured over the iterations after the first, then the median and worst
+relative error over every call (the rule reward left out: it runs no model) and iteration.
+
+--one-rank: meshrl's model in this process: `meshrl.model.generate` (prefill + decoding with the KV
+cache), `sequence_logprobs` without gradients (inference), and one PPO-style optimizer step
+(log-probs, backward, AdamW), at the demo's sizes and two others."""
 
 from __future__ import annotations
 
@@ -59,11 +67,7 @@ def measure(preset: str, shape: RunShape, reps: int) -> dict[str, float]:
             "inference": _median(infer, reps), "train": _median(train, reps)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--profile", default=None)
-    ap.add_argument("--reps", type=int, default=3)
-    args = ap.parse_args()
+def one_rank(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # as each rank of a CPU run, and as the profile measured
     hw = load_profile(args.profile, 1)
     errors = []
@@ -78,6 +82,47 @@ def main() -> None:
             print(f"| {preset} | {shape.prompt_len}+{shape.gen_len} x {shape.batch_size} | {kind} | {pred:.4f} | "
                   f"{t:.4f} | {err:+.0%} |", flush=True)
     print(f"\nmedian |error| {statistics.median(errors):.0%}, worst {max(errors):.0%} ({len(errors)} calls)")
+
+
+def on_ranks(args: argparse.Namespace) -> None:
+    """The demo under each strategy on each rank count; one table each, then the overall errors."""
+    from meshrl.commands.train import DEMO_DEFAULTS
+    from meshrl.config import load_config
+    from meshrl.plan.problem import problem_from_config
+    from meshrl.plan.strategies import build
+    from meshrl.plan.validate import compare, table
+    from meshrl.runtime.validate import rule_calls, run_plan
+
+    errors: list[float] = []
+    for n in (int(x) for x in args.ranks.split(",")):
+        for strategy in args.strategies.split(","):
+            cfg = load_config(None, DEMO_DEFAULTS["ppo"] + ["cluster.device=cpu", f"cluster.devices_per_node={n}"])
+            problem = problem_from_config(cfg, args.profile)
+            plan = build(problem, strategy)
+            t = time.perf_counter()
+            records = run_plan(cfg, plan, args.iterations, n)
+            rows = compare(problem, plan, records, rule_calls(cfg, plan))
+            layouts = ", ".join(f"{c} {cp.layout}@{cp.mesh} m{cp.micro_batches}" for c, cp in plan.calls.items())
+            print(f"\n### {n} ranks, {strategy} ({time.perf_counter() - t:.0f} s wall)\n{layouts}\n{table(rows)}",
+                  flush=True)
+            errors += [abs(r.error) for r in rows if r.kind in ("call", "iteration") and r.modelled]
+    print(f"\nall runs: median |error| {statistics.median(errors):.0%}, worst {max(errors):.0%} "
+          f"({len(errors)} calls and iterations)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--one-rank", action="store_true", help="the model in this process, per call kind")
+    ap.add_argument("--reps", type=int, default=3, help="--one-rank: timed repetitions per call")
+    ap.add_argument("--ranks", default="2,4", help="comma-separated local rank counts")
+    ap.add_argument("--strategies", default="colocated,interleaved")
+    ap.add_argument("--iterations", type=int, default=5, help="per run; the first is a warm-up")
+    args = ap.parse_args()
+    if args.one_rank:
+        one_rank(args)
+    else:
+        on_ranks(args)
 
 
 if __name__ == "__main__":

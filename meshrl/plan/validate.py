@@ -103,11 +103,15 @@ def table(rows: list[Row]) -> str:
     """The rows as an aligned text table."""
     lines = [("step", "kind", "predicted s", "measured s", "error")]
     for r in rows:
-        err = "n/a (no model)" if not r.modelled else ("-" if not math.isfinite(r.error) else f"{r.error:+.0%}")
+        err = "n/a (no model)" if not r.modelled else (
+            "-" if r.kind not in ("call", "iteration") or not math.isfinite(r.error) else f"{r.error:+.0%}")
         lines.append((r.name, r.kind, f"{r.predicted:.4f}", f"{r.measured:.4f}", err))
     w = [max(len(line[i]) for line in lines) for i in range(5)]
     out = ["  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(line)) for line in lines]
     out.insert(1, "  ".join("-" * x for x in w))
     med, worst, n = summary(rows)
     out.append(f"median |error| {med:.0%}, worst {worst:.0%} over {n} calls and the iteration")
+    if any(r.kind in ("realloc", "transfer") for r in rows):
+        out.append("(realloc and transfer: the measured seconds include waiting for the other side to reach the "
+                   "step, which the simulator counts as idle time; no error is quoted for them)")
     return "\n".join(out)
