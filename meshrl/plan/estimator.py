@@ -11,8 +11,9 @@ The model, per call kind (``docs/planner.md`` derives each term):
   another (m times less KV cache, m times the weight reads).
 - TP: 2 all-reduces of the activations per layer forward, 2 more backward (Megatron-LM);
   generation all-gathers the vocabulary-parallel logits each step. PP: one activation send per
-  stage boundary per micro-batch. DP: one gradient all-reduce per optimizer step (reduce-scatter +
-  all-gather under ZeRO-1: the same bytes). Optimizer: AdamW reads and writes 28 B per parameter.
+  stage boundary per micro-batch. DP: per optimizer step, the bucketed gradient all-reduce and
+  ZeRO-1's all-gather of the updated parameters, one per parameter tensor. Optimizer: AdamW
+  reads and writes 28 B per parameter.
 - memory per device: bf16 weights of the largest stage / tp; a trained role adds bf16 gradients
   and 12 B/param of fp32 Adam state sharded over dp (ZeRO-1; Rajbhandari et al. 2020); plus
   activations (Korthikanti et al. 2022) and the KV cache.
@@ -248,7 +249,12 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     step, parts = _forward_step(c, b, s, s, backward=True)
     t_mb = _pipeline(c, m, step, parts, {})
     grad_bytes = c.stage_param_bytes
-    dp = c.hw.all_reduce(grad_bytes, c.lay.dp, c.links.dp)
+    # DP as the runtime's ZeRO-1 runs it (meshrl/parallel/data.py): the gradients are all-reduced
+    # in 25 MB buckets, then each parameter tensor's updated shards are all-gathered, one
+    # collective (and one latency) per tensor.
+    n_t = c.mc.stage_tensors(c.lay.pp)
+    dp = c.hw.all_reduce(grad_bytes, c.lay.dp, c.links.dp) + n_t * c.hw.all_gather(grad_bytes / n_t, c.lay.dp,
+                                                                                    c.links.dp)
     opt = ADAM_STEP_BYTES * (grad_bytes / c.hw.dtype_bytes) / c.lay.dp / c.hw.hbm_bw
     _add(acc, parts, m * steps)
     acc["bubble"] = (c.lay.pp - 1) * step * steps

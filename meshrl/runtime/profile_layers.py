@@ -34,14 +34,20 @@ def width_configs(quick: bool) -> dict[str, ModelConfig]:
     return cfgs
 
 
-def _median(fn, reps: int) -> float:
-    fn()
-    ts = []
+def _pair_medians(f1, f2, reps: int) -> tuple[float, float]:
+    """Median seconds of f1 and of f2, timed alternately. Why alternately: the per-layer cost is a
+    difference of the two, and a CPU whose speed drifts between two blocks of timings (turbo, other
+    tenants) would put the drift into that difference (a drift seen here made it negative)."""
+    f1()
+    f2()
+    a: list[float] = []
+    b: list[float] = []
     for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+        for fn, acc in ((f1, a), (f2, b)):
+            t = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t)
+    return statistics.median(a), statistics.median(b)
 
 
 def _fit(points: list[tuple[float, float]]) -> dict[str, float]:
@@ -56,49 +62,51 @@ def _fit(points: list[tuple[float, float]]) -> dict[str, float]:
     return {"latency_s": max(my - mx * slope, 0.0), "sec_per_unit": slope}
 
 
-def _model_times(model, cfg: ModelConfig, tokens: tuple[int, ...], batches: tuple[int, ...], reps: int
-                 ) -> dict[str, list[tuple[float, float]]]:
-    """(size, seconds) of a whole model's forward log-probs, forward + backward, and one greedy
-    decoding step (decode_one, log-softmax, argmax: what generate does per token)."""
-    out: dict[str, list[tuple[float, float]]] = {"fwd": [], "fwd_bwd": [], "decode": []}
+def _model_times(models: tuple, cfg: ModelConfig, tokens: tuple[int, ...], batches: tuple[int, ...], reps: int
+                 ) -> dict[str, list[tuple[float, float, float]]]:
+    """(size, seconds of models[0], seconds of models[1]) of forward log-probs, forward + backward,
+    and one greedy decoding step (decode_one, log-softmax, argmax: what generate does per token)."""
+    out: dict[str, list[tuple[float, float, float]]] = {"fwd": [], "fwd_bwd": [], "decode": []}
     for t in tokens:
         s = min(t, 128)
         b = max(1, t // s)
         ids = torch.randint(1, cfg.vocab_size, (b, s))
-        with torch.no_grad():
-            out["fwd"].append((b * s, _median(lambda ids=ids: sequence_logprobs(model, ids), reps)))
 
-        def step(ids=ids) -> None:
+        def fwd(model, ids=ids) -> None:
+            with torch.no_grad():
+                sequence_logprobs(model, ids)
+
+        def step(model, ids=ids) -> None:
             (-sequence_logprobs(model, ids).mean()).backward()
             model.zero_grad(set_to_none=True)
 
-        out["fwd_bwd"].append((b * s, _median(step, reps)))
+        for kind, fn in (("fwd", fwd), ("fwd_bwd", step)):
+            out[kind].append((b * s, *_pair_medians(lambda fn=fn: fn(models[0]), lambda fn=fn: fn(models[1]), reps)))
     for b in batches:
-        caches = make_caches(model, b, DECODE_CONTEXT + 1)
         mask = torch.ones(b, DECODE_CONTEXT + 1, dtype=torch.long)
         tok = torch.ones(b, dtype=torch.long)
+        caches = [make_caches(m, b, DECODE_CONTEXT + 1) for m in models]
 
-        def one(tok=tok, mask=mask, caches=caches) -> None:
-            logits = decode_one(model, tok, mask, caches, DECODE_CONTEXT)
-            torch.log_softmax(logits, -1).gather(-1, logits.argmax(-1, keepdim=True))
+        def one(i: int, tok=tok, mask=mask, caches=caches) -> None:
+            with torch.no_grad():
+                logits = decode_one(models[i], tok, mask, caches[i], DECODE_CONTEXT)
+                torch.log_softmax(logits, -1).gather(-1, logits.argmax(-1, keepdim=True))
 
-        with torch.no_grad():
-            out["decode"].append((b, _median(one, reps)))
+        out["decode"].append((b, *_pair_medians(lambda: one(0), lambda: one(1), reps)))
     return out
 
 
 def measure_layer(cfg: ModelConfig, tokens: tuple[int, ...], batches: tuple[int, ...], reps: int) -> dict:
     """Per-layer and fixed (embedding, head, log-probs, masks, sampling) costs of ``cfg``'s width,
     from the same measurements on a 1-layer and a 2-layer model: layer = t2 - t1, fixed = 2 t1 - t2."""
-    one = _model_times(build_model(cfg.replace(num_hidden_layers=1)), cfg, tokens, batches, reps)
-    two = _model_times(build_model(cfg.replace(num_hidden_layers=2)), cfg, tokens, batches, reps)
+    models = (build_model(cfg.replace(num_hidden_layers=1)), build_model(cfg.replace(num_hidden_layers=2)))
+    times = _model_times(models, cfg, tokens, batches, reps)
     res: dict = {"layer_params": sum(_numel(s) for k, s in param_shapes(cfg).items()
                                      if k.startswith("model.layers.0.")),
                  "head_params": cfg.vocab_size * cfg.hidden_size}
-    for kind in one:
-        pairs = list(zip(one[kind], two[kind], strict=True))
-        res[kind] = _fit([(x, max(t2 - t1, 1e-9)) for (x, t1), (_, t2) in pairs])
-        res["fixed_" + kind] = _fit([(x, max(2 * t1 - t2, 1e-9)) for (x, t1), (_, t2) in pairs])
+    for kind, pts in times.items():
+        res[kind] = _fit([(x, max(t2 - t1, 1e-9)) for x, t1, t2 in pts])
+        res["fixed_" + kind] = _fit([(x, max(2 * t1 - t2, 1e-9)) for x, t1, t2 in pts])
     return res
 
 
