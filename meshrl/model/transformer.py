@@ -95,8 +95,8 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(start, k, v)
         # Grouped-query attention: each KV head serves Hq/Hkv query heads. SDPA's enable_gqa does
-        # this without materialising repeated K/V (a full copy of the cache at every decode step;
-        # bench/generate.py measured it at ~18% of decode time on CPU).
+        # this without materialising repeated K/V (a full copy of the cache at every decode step,
+        # ~18% of self-CPU time in a profile of decode steps of the `small` preset).
         gqa = q.shape[1] != k.shape[1]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
@@ -173,7 +173,8 @@ class Backbone(nn.Module):
             attention_mask = torch.ones(b, start + s, dtype=torch.long, device=h.device)
         pos = positions_from_mask(attention_mask)[:, start:start + s]
         cos, sin = rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
-        # Unpadded training batches skip the [B, 1, S, S] mask: SDPA's causal kernel is faster.
+        # Unpadded batches skip building the [B, 1, S, S] mask and take SDPA's causal path
+        # (measured on par or slightly faster on CPU; see docs/model.md).
         mask = None if plain_causal else build_mask(attention_mask, s, self.cfg.sliding_window)
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, mask, None if caches is None else caches[i], start)
