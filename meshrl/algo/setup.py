@@ -23,6 +23,10 @@ from .common import Role, make_optimizer
 DEMO_SFT_RECORDS = 2000  # noisy demonstrations for the warm-up / algo=sft
 DEMO_PAIRS = 2000  # training preference pairs (algo=rm, algo=dpo)
 DEMO_HELDOUT_PAIRS = 400  # held-out pairs for the reward model's accuracy
+# The reward model's fresh score head learns at RM_HEAD_LR_SCALE x the backbone's lr (optim.critic_lr)
+# and starts random (std 0.02), not at 0: a zero head passes no gradient to the backbone, and with
+# one learning rate for all the head lagged. Measured on the demo in docs/algorithms.md.
+RM_HEAD_LR_SCALE = 10.0
 
 
 def tokenizer_for(cfg: Config):
@@ -35,16 +39,27 @@ def load_policy(cfg: Config, seed: int) -> torch.nn.Module:
     return load_pretrained(spec.path) if spec.path else build_model(spec.preset or "tiny", seed=seed)
 
 
-def value_model_like(actor: torch.nn.Module, spec, seed: int) -> torch.nn.Module:
+def value_model_like(actor: torch.nn.Module, spec, seed: int, zero_head: bool = True) -> torch.nn.Module:
     """A critic / reward model: from its own checkpoint, else the actor's backbone + a fresh head
-    (InstructGPT initialises the critic from the reward model or the policy)."""
+    (InstructGPT initialises the critic from the reward model or the policy). ``zero_head`` keeps
+    build_model's random head (std 0.02) when False."""
     if spec.path:
         return load_pretrained(spec.path, value_head=True, seed=seed)
     model = build_model(actor.config, seed=seed, value_head=True)
     model.model.load_state_dict(actor.model.state_dict())
-    with torch.no_grad():
-        model.score.weight.zero_()  # start every value at 0, so early advantages are the rewards
+    if zero_head:
+        with torch.no_grad():
+            model.score.weight.zero_()  # start every value at 0, so early advantages are the rewards
     return model
+
+
+def reward_optimizer(rm: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    """AdamW for reward-model training: backbone at optim.critic_lr, score head RM_HEAD_LR_SCALE x that."""
+    head = [p for n, p in rm.named_parameters() if n.startswith("score.")]
+    body = [p for n, p in rm.named_parameters() if not n.startswith("score.")]
+    lr = cfg.optim.critic_lr
+    return torch.optim.AdamW([{"params": body, "lr": lr}, {"params": head, "lr": lr * RM_HEAD_LR_SCALE}],
+                             betas=(0.9, 0.95), weight_decay=cfg.optim.weight_decay, eps=1e-8)
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -58,8 +73,8 @@ def build_roles(cfg: Config, actor: torch.nn.Module) -> dict[str, Role]:
     seed, algo = cfg.train.seed, cfg.algo
     roles: dict[str, Role] = {}
     if algo == "rm":  # from models.reward.path, else the (SFT) actor's backbone with a fresh head
-        rm = value_model_like(actor, cfg.models.reward, seed + 3)
-        roles["reward"] = Role(rm, make_optimizer(rm, cfg.optim.critic_lr, cfg.optim.weight_decay))
+        rm = value_model_like(actor, cfg.models.reward, seed + 3, zero_head=False)
+        roles["reward"] = Role(rm, reward_optimizer(rm, cfg))
         return roles
     lr = cfg.sft.lr if algo == "sft" else cfg.optim.lr
     roles["actor"] = Role(actor, make_optimizer(actor, lr, cfg.optim.weight_decay))

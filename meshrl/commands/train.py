@@ -19,7 +19,7 @@ DEMO_DEFAULTS: dict[str, list[str]] = {
     "rloo": ["train.iterations=60", "data.batch_size=32"],
     "remax": ["train.iterations=80", "data.batch_size=64"],
     "sft": ["train.iterations=150", "data.batch_size=64"],
-    "rm": ["train.iterations=400", "data.batch_size=32"],
+    "rm": ["train.iterations=300", "data.batch_size=64"],
     "dpo": ["train.iterations=60", "data.batch_size=32"],
 }
 

@@ -10,7 +10,8 @@ noise std of 0.06 * sqrt(2 / 10) = 0.027 (PPO) and 0.022 (GRPO). Each margin is 
 stds, and below the smallest rise measured over seeds 1, 2, 3.
 
 The reward model's held-out set is 400 pairs whose rejected answers miss by 3, never seen in
-training (training pairs miss by 1 or 2). At chance, accuracy on 400 pairs has a std of 0.025.
+training (training pairs miss by 1 or 2). At chance, accuracy on 400 pairs has a std of 0.025;
+at 0.95 its standard error is 0.011.
 """
 
 import pytest
@@ -22,9 +23,9 @@ SFT_STEPS = 150
 K = 10  # iterations averaged at each end
 PPO_ITERS, PPO_MARGIN = 40, 0.08  # rises measured for seeds 1, 2, 3: 0.208, 0.220, 0.141
 GRPO_ITERS, GRPO_MARGIN = 40, 0.08  # rises measured for seeds 1, 2, 3: 0.202, 0.177, 0.249
-# Held-out accuracy measured every 10 steps of this very run: ~0.5 up to step 60, 0.56-0.73 for
-# steps 70-190, 0.62-0.74 for 200-350, 0.78 at step 399. 100 steps gave 0.50 (chance).
-RM_STEPS, RM_MIN_ACC = 400, 0.70  # 0.70 is chance + 8 stds
+# Reward model: random score head at 10x the backbone's lr (meshrl/algo/setup.py), 64 pairs per step.
+# Held-out accuracy measured at step 299 for seeds 1, 2, 3: 0.993, 1.000, 0.895 (docs/algorithms.md).
+RM_STEPS, RM_MIN_ACC = 300, 0.85  # below the smallest of the three; chance + 14 stds
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +55,9 @@ def test_grpo_raises_the_demo_reward(tmp_path, sft_actor):
     assert gain > GRPO_MARGIN, curve
 
 
-def test_reward_model_beats_chance_on_held_out_pairs(tmp_path, sft_actor):
+def test_reward_model_ranks_held_out_pairs(tmp_path, sft_actor):
     out = tmp_path / "rm"
     assert main(["train", "algo=rm", f"models.actor.path={sft_actor}", f"train.iterations={RM_STEPS}",
-                 "data.batch_size=32", "--out", str(out), "--no-progress"]) == 0
+                 "data.batch_size=64", "--out", str(out), "--no-progress"]) == 0
     acc = read_metrics(out / "metrics.jsonl")[-1]["rm/heldout_accuracy"]
     assert acc > RM_MIN_ACC, acc
