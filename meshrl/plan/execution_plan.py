@@ -66,13 +66,20 @@ class CallPlan:
 @dataclass
 class ExecutionPlan:
     """{call name -> CallPlan} for a cluster. ``strategy`` records where the plan came from;
-    ``async_gen`` is the disaggregated strategy's one-step off-policy overlap (0 or 1)."""
+    ``async_gen`` is the disaggregated strategy's one-step off-policy overlap (0 or 1).
+    ``keep_copies``: keep a role's copies in other calls' layouts between uses (memory for speed);
+    by default a copy is dropped after its call and rebuilt by reallocation before the next one
+    (a shadow actor generating on devices of its own is always kept).
+    ``offload_frozen``: move a frozen role's (reference, reward) parameters to host memory after each
+    of its calls whose mesh another call shares, and back to the device before its next use."""
 
     cluster: Cluster
     calls: dict[str, CallPlan]
     strategy: str = "custom"
     async_gen: int = 0
     notes: dict = field(default_factory=dict)
+    keep_copies: bool = False
+    offload_frozen: bool = False
 
     def validate(self, call_names: list[str] | None = None, model_dims: dict[str, tuple[int, int]] | None = None,
                  call_roles: dict[str, str] | None = None) -> None:
@@ -104,6 +111,8 @@ class ExecutionPlan:
                         "device": self.cluster.device},
             "strategy": self.strategy,
             "async": self.async_gen,
+            "keep_copies": self.keep_copies,
+            "offload_frozen": self.offload_frozen,
             "calls": {n: cp.to_dict() for n, cp in self.calls.items()},
             **({"notes": self.notes} if self.notes else {}),
         }
@@ -117,7 +126,12 @@ class ExecutionPlan:
         except TypeError as e:
             raise UserError(f"plan cluster {d['cluster']}: {e}") from None
         calls = {n: CallPlan.from_dict(c) for n, c in d["calls"].items()}
-        return cls(cluster, calls, d.get("strategy", "custom"), int(d.get("async", 0)), d.get("notes", {}))
+        flags = {k: d.get(k, False) for k in ("keep_copies", "offload_frozen")}
+        for k, v in flags.items():
+            if not isinstance(v, bool):
+                raise UserError(f"plan key {k!r} must be true or false, got {v!r}")
+        return cls(cluster, calls, d.get("strategy", "custom"), int(d.get("async", 0)), d.get("notes", {}),
+                   **flags)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

@@ -106,12 +106,37 @@ class Engine:
             os._exit(3)
 
     def _do(self, step: Step) -> None:
+        if step.role and self.roles[step.role].offloaded:
+            self.roles[step.role].reload()  # before a call or a reallocation reads the weights
         if step.kind == "call":
             self._call(step)
+            if self._temporary(step.call):
+                self.roles[step.role].drop(self.plan.calls[step.call].placement)
+            if self.plan.offload_frozen and self._shared(step.call):
+                self.roles[step.role].offload(self.plan.calls[step.call].placement)
         elif step.kind == "realloc":
             self.roles[step.role].refresh(self.plan.calls[step.call].placement, self.rank, self.timeout)
         elif step.kind == "transfer":
             self._transfer(step)
+
+    def _temporary(self, name: str) -> bool:
+        """Whether the call's copy of its role is dropped after the call: a copy (not the home) that
+        the plan does not keep and that is not a shadow actor (a generation copy whose devices the
+        home does not use: nothing else needs that memory, and async generation reads it often)."""
+        call = self.graph.call(name)
+        role = self.roles[call.role]
+        pl = self.plan.calls[name].placement
+        if self.plan.keep_copies or pl == role.home:
+            return False
+        shadow = call.kind == "generate" and not set(pl.mesh.ranks) & set(role.home.mesh.ranks)
+        return not shadow
+
+    def _shared(self, name: str) -> bool:
+        """Whether another role's call uses some of this call's ranks (so offloading frees memory
+        that call can use)."""
+        call = self.graph.call(name)
+        mine = set(self.plan.calls[name].mesh.ranks)
+        return any(c.role != call.role and mine & set(self.plan.calls[c.name].mesh.ranks) for c in self.graph.calls)
 
     def _batch(self, t: int) -> Batch:
         if t not in self.store:

@@ -1,0 +1,57 @@
+"""Temporary copies (DESIGN.md, "How a plan runs"): a role's copy in another call's layout is dropped
+after its call and rebuilt by reallocation before the next, unless the plan says ``keep_copies``.
+Either way the results are the same; the test also checks that copies were really dropped (and,
+with ``keep_copies``, never). Likewise ``offload_frozen`` (frozen roles in host memory between
+uses) changes nothing but where the parameters wait."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from meshrl.config import load_config
+from meshrl.runtime.engine import Engine
+from meshrl.runtime.launch import RankPool
+from meshrl.runtime.run import make_groups, model_configs, plan_groups, process_cache, record_of
+from runtime_util import WORLD, random_plan
+from test_plans_equal import COMMON, CONFIGS, assert_same
+
+TIMEOUT = 120.0
+
+
+def run_counting(cfg, plan) -> tuple[list[dict] | None, int, int]:
+    """Run ``plan`` on this rank; (rank 0's metrics records, copies this rank dropped, models it
+    offloaded). With ``offload_frozen`` it checks that the frozen models it ended with wait in host
+    memory and that ``reload`` brings them back to their device."""
+    torch.set_num_threads(1)
+    kv = {m.num_key_value_heads for m in model_configs(cfg)}
+    make_groups(process_cache(TIMEOUT), plan_groups(plan, kv), TIMEOUT)
+    engine = Engine(cfg, plan, process_cache(TIMEOUT), TIMEOUT, lambda _: None)
+    records: list[dict] = []
+    engine.run(0, cfg.train.iterations,
+               lambda t, logs: records.append(record_of(t, logs, 0.0)) if logs is not None else None)
+    for rm in engine.roles.values():
+        for pl, device in dict(rm.offloaded).items():
+            assert all(p.device.type == "cpu" for p in rm.models[pl].named.values())
+            rm.reload()
+            assert all(p.device == device for p in rm.models[pl].named.values())
+    return ((records if engine.rank == 0 else None), sum(rm.drops for rm in engine.roles.values()),
+            sum(rm.offloads for rm in engine.roles.values()))
+
+
+def test_dropping_copies_and_offloading_change_nothing_but_memory():
+    cfg = load_config(None, CONFIGS["ppo"] + COMMON + ["train.iterations=2", "sft.warmup=false"])
+    plan = random_plan(cfg, 1)
+    got = {}
+    with RankPool(WORLD, timeout=300) as pool:
+        for keep, offload in ((False, False), (True, False), (False, True)):
+            out = pool.run(run_counting, cfg, dataclasses.replace(plan, keep_copies=keep, offload_frozen=offload))
+            got[keep, offload] = (out[0][0], sum(o[1] for o in out), sum(o[2] for o in out))
+    assert got[False, False][1] > 0, "the plan has copies, yet none was dropped"
+    assert got[True, False][1] == 0, "keep_copies: a copy was dropped"
+    assert got[False, False][2] == 0 and got[False, True][2] > 0, "offload_frozen did not (only) offload"
+    worst = assert_same(got[True, False][0], got[False, False][0], "keep_copies true vs false")
+    worst_off = assert_same(got[False, False][0], got[False, True][0], "offload_frozen true vs false")
+    print(f"dropped {got[False, False][1]} copies, offloaded {got[False, True][2]} times over {WORLD} ranks; "
+          f"worst scaled diff {worst:.1e} (keep_copies), {worst_off:.1e} (offload_frozen)")
