@@ -95,15 +95,20 @@ class Engine:
     def _mark(self, step: Step) -> None:
         """Leave the current step where the launcher can read it if this rank dies (names the call).
         Fault injection for the tests: MESHRL_FAULT="RANK:TEXT" kills rank RANK (exit code 3) when
-        it enters the first step named TEXT (e.g. "1:actor_gen")."""
+        it enters the first step named TEXT (e.g. "1:actor_gen"); "RANK:TEXT:hang" makes it hang
+        there instead (sleep for ever, alive), which the other ranks' timeouts must end."""
         if self.status is not None:
             self.status.write_text(f"step '{step.name}' of iteration {step.iteration}")
-        fault = os.environ.get("MESHRL_FAULT", "")
-        if fault and fault.split(":", 1)[0] == str(self.rank) and fault.split(":", 1)[1] == step.name:
-            if self.status is not None:
-                self.status.write_text(f"step '{step.name}' of iteration {step.iteration} "
-                                       f"(killed by MESHRL_FAULT at {time.time():.3f})")
-            os._exit(3)
+        rank, _, what = os.environ.get("MESHRL_FAULT", "").partition(":")
+        hang = what.endswith(":hang")
+        if rank != str(self.rank) or (what[:-len(":hang")] if hang else what) != step.name:
+            return
+        if self.status is not None:
+            self.status.write_text(f"step '{step.name}' of iteration {step.iteration} "
+                                   f"({'hung' if hang else 'killed'} by MESHRL_FAULT at {time.time():.3f})")
+        while hang:
+            time.sleep(1.0)
+        os._exit(3)
 
     def _do(self, step: Step) -> None:
         if step.role and self.roles[step.role].offloaded:

@@ -48,14 +48,18 @@ def _failure(status_dir: Path, err: Exception) -> str:
     return "\n".join(lines)
 
 
-def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = False, timeout_s: float = 300.0,
-           quiet: bool = False, progress: bool = False) -> list[dict] | None:
+def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = False,
+           timeout_s: float | None = None, quiet: bool = False, progress: bool = False) -> list[dict] | None:
     """Run the job; returns rank 0's metrics records. Raises UserError for bad input and
-    RuntimeError (naming rank and step) when a rank fails."""
+    RuntimeError (naming rank and step) when a rank fails. ``timeout_s``: how long any rank waits
+    for another (default: the config's ``train.timeout``)."""
     from .checkpoint import latest_checkpoint
     from .plans import resolve_plan
     from .run import rank_main
 
+    timeout_s = cfg.train.timeout if timeout_s is None else timeout_s
+    if not timeout_s > 0:
+        raise UserError(f"train.timeout must be > 0 seconds, got {timeout_s}")
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else nprocs
     quiet = quiet or (under_torchrun() and os.environ["RANK"] != "0")  # one console: global rank 0
     if world < 1:
