@@ -18,7 +18,9 @@ from ..plan.execution_plan import ExecutionPlan
 from .engine import Engine, RankLog
 
 _CACHE: GroupCache | None = None
-_MADE: set[tuple[int, ...]] = set()  # groups made by all ranks together (members or not)
+# Groups made by all ranks together, for the life of the process (members get the group, others None):
+# a process may run several jobs (a test's rank pool), and every new GroupCache must get them back.
+_MADE: dict[tuple[int, ...], object] = {}
 
 
 def process_cache(timeout_s: float) -> GroupCache:
@@ -61,12 +63,11 @@ def make_groups(cache: GroupCache, groups: list[tuple[int, ...]], timeout_s: flo
     import datetime
 
     for key in groups:
-        if key in _MADE:
-            continue
-        g = dist.new_group(list(key), timeout=datetime.timedelta(seconds=timeout_s))
-        _MADE.add(key)
-        if dist.get_rank() in key:
-            cache._groups[key] = g  # the cache's own table (keyed by sorted ranks): it then reuses g
+        if key not in _MADE:
+            g = dist.new_group(list(key), timeout=datetime.timedelta(seconds=timeout_s))
+            _MADE[key] = g if dist.get_rank() in key else None
+        if _MADE[key] is not None:
+            cache._groups[key] = _MADE[key]  # the cache's own table (keyed by sorted ranks): it reuses g
 
 
 def model_configs(cfg: Config) -> list:
