@@ -34,15 +34,20 @@ def generate_call(role: Role, batch: Batch, ctx: CallContext, greedy: bool = Fal
                             pad_token_id=tok.pad_token_id)
     role.model.eval()
     out = generate(role.model, prompts, gcfg, seeds=None if greedy else batch["sample_seed"].tolist())
-    # Pad to the run's fixed N so that batches from any call or rank concatenate.
-    n, b = cfg.data.gen_len, len(prompts)
-    resp = torch.full((b, n), tok.pad_token_id, dtype=torch.long)
+    return Batch(pack_generation(out, p_ids, p_mask, cfg.data.gen_len, tok.pad_token_id))
+
+
+def pack_generation(out, p_ids: torch.Tensor, p_mask: torch.Tensor, n: int, pad: int) -> dict[str, torch.Tensor]:
+    """GenerationOutput + prompts [b, P] -> input_ids, attention_mask [b, P+n], response_mask,
+    logp_old [b, n]. Padded to the run's fixed n so batches from any call or rank concatenate."""
+    b = p_ids.shape[0]
+    resp = torch.full((b, n), pad, dtype=torch.long)
     mask = torch.zeros(b, n, dtype=torch.long)
     logp = torch.zeros(b, n, dtype=torch.float32)
     w = out.responses.shape[1]
     resp[:, :w], mask[:, :w], logp[:, :w] = out.responses, out.response_mask, out.response_logprobs
-    return Batch({"input_ids": torch.cat([p_ids, resp], 1), "attention_mask": torch.cat([p_mask, mask], 1),
-                  "response_mask": mask, "logp_old": logp * mask})
+    return {"input_ids": torch.cat([p_ids, resp], 1), "attention_mask": torch.cat([p_mask, mask], 1),
+            "response_mask": mask, "logp_old": logp * mask}
 
 
 def decode_responses(batch: Batch, tok) -> list[str]:

@@ -28,7 +28,7 @@ from ..algo.kl import kl_estimate
 from ..algo.losses import masked_sum_over, policy_loss, value_loss
 from ..algo.offline import SEQ_KEYS
 from ..algo.rewards import get_rule
-from ..algo.rollout import decode_responses
+from ..algo.rollout import pack_generation, decode_responses
 from ..algo.updates import critic_free_advantages, kl_settings, ppo_advantages
 from ..model.generation import GenerationConfig
 from ..parallel.model import HeadOutputs
@@ -62,14 +62,7 @@ def generate_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: P
                             top_k=cfg.gen.top_k, top_p=cfg.gen.top_p, eos_token_id=tok.eos_token_id,
                             pad_token_id=tok.pad_token_id)
     out = h.generate(prompts, gcfg, None if greedy else part["sample_seed"].tolist())
-    n, b = cfg.data.gen_len, len(prompts)
-    resp = torch.full((b, n), tok.pad_token_id, dtype=torch.long)
-    mask = torch.zeros(b, n, dtype=torch.long)
-    logp = torch.zeros(b, n, dtype=torch.float32)
-    w = out.responses.shape[1]
-    resp[:, :w], mask[:, :w], logp[:, :w] = out.responses, out.response_mask, out.response_logprobs
-    return Batch({"input_ids": torch.cat([p_ids, resp], 1), "attention_mask": torch.cat([p_mask, mask], 1),
-                  "response_mask": mask, "logp_old": logp * mask}, part.index)
+    return Batch(pack_generation(out, p_ids, p_mask, cfg.data.gen_len, tok.pad_token_id), part.index)
 
 
 def score_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: Place) -> Batch | None:
