@@ -1,6 +1,6 @@
 """Batched generation with a static KV cache, as small functions in the style of gpt-fast.
 
-    prompts --left-pad--> prefill --> sample --> decode_one --> sample --> ... until EOS/budget
+    prompts --left-pad--> prefill --> sample --> decode one token --> sample --> ... until EOS/budget
 
 Prompts of different lengths are left-padded, so that every row's next token sits in the same
 column; positions are counted over real tokens only (``positions_from_mask``), as HF's
@@ -14,6 +14,7 @@ untempered, unfiltered float32 logits), so that PPO's "old" log-probs equal a fr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -75,13 +76,6 @@ def make_caches(model: CausalLM, batch: int, max_len: int) -> list[KVCache]:
     return [KVCache(batch, kv_heads, max_len, attn.head_dim, w.dtype, w.device) for _ in layers]
 
 
-def prefill(model: CausalLM, ids: torch.Tensor, mask: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
-    """ids, mask [B, P] -> float32 logits of the next token [B, V]; fills the caches' first P slots.
-    Only the last position goes through the LM head (the others' logits are never used)."""
-    hidden = model.model(ids, mask, caches, 0)
-    return model.lm_head(hidden[:, -1]).float()
-
-
 def decode_one(model: CausalLM, tok: torch.Tensor, mask: torch.Tensor, caches: list[KVCache],
                start: int) -> torch.Tensor:
     """tok [B] at cache slot ``start``; mask [B, start+1] covers the cached prefix. -> logits [B, V]."""
@@ -126,27 +120,30 @@ def _generators(seeds: list[int] | None, n: int, device: torch.device) -> list[t
     return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
 
 
-@torch.inference_mode()
-def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
-             seeds: list[int] | None = None) -> GenerationOutput:
-    """Generate up to ``cfg.max_new_tokens`` tokens after each prompt (lists of token ids).
+def pick_token(logits: torch.Tensor, cfg: GenerationConfig, gens: list[torch.Generator] | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, V] float32 -> (tokens [B] long, their log-prob [B] float32 under the raw logits)."""
+    tok = sample(logits, cfg, gens)
+    return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
 
-    Stops early once every row has produced EOS. See GenerationOutput for the shapes."""
-    cfg.validate()
-    device = model.lm_head.weight.device
-    b = len(prompts)
-    gens = None if cfg.greedy else _generators(seeds, b, device)
-    ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, device)
-    p = ids.shape[1]
-    caches = make_caches(model, b, p + cfg.max_new_tokens)
+
+def decode_loop(forward: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor | None],
+                pick: Callable[[torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]],
+                ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig) -> GenerationOutput:
+    """The decoding loop every generator shares (one process here, a pipeline in
+    meshrl/parallel/generate.py): prefill, then pick a token and decode it, until EOS or the budget.
+
+    ``forward(x [B, s], mask [B, start+s], start)`` runs x at cache slots start.. and returns the
+    next-token float32 logits [B, V] (None on ranks that hold none); ``pick(logits)`` returns
+    (tokens [B] long, log-probs [B] float32), the same on every rank that calls it."""
+    b, p = ids.shape
     # The mask for the whole run; generated columns switch on as they are filled.
-    mask = torch.cat([prompt_mask, torch.ones(b, cfg.max_new_tokens, dtype=torch.long, device=device)], 1)
+    mask = torch.cat([prompt_mask, torch.ones(b, cfg.max_new_tokens, dtype=torch.long, device=ids.device)], 1)
     tokens, logprobs, alive_cols = [], [], []
-    alive = torch.ones(b, dtype=torch.bool, device=device)
-    logits = prefill(model, ids, prompt_mask, caches)
+    alive = torch.ones(b, dtype=torch.bool, device=ids.device)
+    logits = forward(ids, prompt_mask, 0)
     for step in range(cfg.max_new_tokens):
-        tok = sample(logits, cfg, gens)
-        lp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
+        tok, lp = pick(logits)
         tok = torch.where(alive, tok, torch.full_like(tok, cfg.pad_token_id))
         tokens.append(tok)
         logprobs.append(torch.where(alive, lp, torch.zeros_like(lp)))
@@ -155,9 +152,28 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
             alive = alive & (tok != cfg.eos_token_id)
         if step + 1 == cfg.max_new_tokens or not bool(alive.any()):
             break
-        logits = decode_one(model, tok, mask[:, :p + step + 1], caches, p + step)
+        logits = forward(tok[:, None], mask[:, :p + step + 1], p + step)
     return GenerationOutput(torch.stack(tokens, 1), torch.stack(logprobs, 1).float(),
                             torch.stack(alive_cols, 1))
+
+
+@torch.inference_mode()
+def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
+             seeds: list[int] | None = None) -> GenerationOutput:
+    """Generate up to ``cfg.max_new_tokens`` tokens after each prompt (lists of token ids).
+
+    Stops early once every row has produced EOS. See GenerationOutput for the shapes."""
+    cfg.validate()
+    device = model.lm_head.weight.device
+    gens = None if cfg.greedy else _generators(seeds, len(prompts), device)
+    ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, device)
+    caches = make_caches(model, len(prompts), ids.shape[1] + cfg.max_new_tokens)
+
+    def forward(x: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
+        # Only the last position goes through the LM head (the others' logits are never used).
+        return model.lm_head(model.model(x, mask, caches, start)[:, -1]).float()
+
+    return decode_loop(forward, lambda logits: pick_token(logits, cfg, gens), ids, prompt_mask, cfg)
 
 
 def sequence_logprobs(model: CausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
-from ..model.generation import GenerationConfig, GenerationOutput, _generators, left_pad, make_caches, sample
+from ..model.generation import (GenerationConfig, GenerationOutput, _generators, decode_loop, left_pad, make_caches,
+                                pick_token)
 from .groups import Axis
 from .pipeline import Pipe
 from .stage import Stage
@@ -42,32 +43,21 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     if not cfg.greedy and seeds is None:
         raise UserError("generate: sampling on several ranks needs per-row seeds (randomness belongs "
                         "to the data, so every rank and every layout draws the same tokens)")
-    b = len(prompts)
     dev = stage.device
-    gens = None if cfg.greedy else _generators(seeds, b, dev)
+    gens = None if cfg.greedy else _generators(seeds, len(prompts), dev)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, dev)
-    p = ids.shape[1]
-    caches = make_caches(stage, b, p + cfg.max_new_tokens)
-    mask = torch.cat([prompt_mask, torch.ones(b, cfg.max_new_tokens, dtype=torch.long, device=dev)], 1)
-    tokens, logprobs, alive_cols = [], [], []
-    alive = torch.ones(b, dtype=torch.bool, device=dev)
-    logits = _step(stage, pipe, tp, ids, prompt_mask, caches, 0)
-    for step in range(cfg.max_new_tokens):
-        packed = torch.empty(2, b, dtype=torch.float64, device=dev)  # token ids are exact in float64
+    caches = make_caches(stage, len(prompts), ids.shape[1] + cfg.max_new_tokens)
+
+    def pick(logits: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        # The last stage picks; every stage gets the tokens (exact in float64) and their log-probs.
+        packed = torch.empty(2, len(prompts), dtype=torch.float64, device=dev)
         if pipe.last:
-            tok = sample(logits, cfg, gens)
-            packed[0] = tok.double()
-            packed[1] = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1).double()
+            tok, lp = pick_token(logits, cfg, gens)
+            packed[0], packed[1] = tok.double(), lp.double()
         pipe.broadcast_from_last(packed)
-        tok, lp = packed[0].long(), packed[1].float()
-        tok = torch.where(alive, tok, torch.full_like(tok, cfg.pad_token_id))
-        tokens.append(tok)
-        logprobs.append(torch.where(alive, lp, torch.zeros_like(lp)))
-        alive_cols.append(alive.long())
-        if cfg.eos_token_id is not None:
-            alive = alive & (tok != cfg.eos_token_id)
-        if step + 1 == cfg.max_new_tokens or not bool(alive.any()):
-            break
-        logits = _step(stage, pipe, tp, tok[:, None], mask[:, :p + step + 1], caches, p + step)
+        return packed[0].long(), packed[1].float()
+
+    out = decode_loop(lambda x, mask, start: _step(stage, pipe, tp, x, mask, caches, start), pick,
+                      ids, prompt_mask, cfg)
     pipe.wait_sends()
-    return GenerationOutput(torch.stack(tokens, 1), torch.stack(logprobs, 1).float(), torch.stack(alive_cols, 1))
+    return out
