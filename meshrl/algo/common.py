@@ -1,4 +1,5 @@
-"""What every call gets: its role's model (and optimizer, if it trains), the batch, and a context.
+"""What every call gets besides its role's model handle (meshrl/runtime/handles.py): the batch and a
+context; and the keyed randomness, the optimizer and the stat sums the calls share.
 
 Calls share no hidden state: a call sees only its own role and the batch keys it declared, so a
 runtime can run it on its own ranks. Randomness is keyed by data, never by process:
@@ -50,15 +51,6 @@ class CallContext:
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay,
                              eps=1e-8)
-
-
-def optimizer_step(role: Role, grad_clip: float) -> float:
-    """Clip the global grad norm (0 = off), step, zero grads; returns the pre-clip norm."""
-    params = [p for p in role.model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-    role.optim.step()
-    role.optim.zero_grad(set_to_none=True)
-    return float(norm)
 
 
 def minibatch_rows(n_rows: int, n_mini: int, *key: object) -> list[torch.Tensor]:

@@ -4,8 +4,10 @@ iteration, passing one Batch from call to call. It reads top to bottom as the st
     warm-up SFT (demo only) -> for each iteration: choose data -> run every call in graph order
     -> metrics (JSONL, TensorBoard, one console line) -> save the trained model
 
-Each call gets only its role and the batch keys it declared, and must return exactly the keys it
-declared (checked here), so a multi-rank runtime can later run each call on its own ranks.
+Every call is the runtime's own code (meshrl/runtime/calls.py, calls_offline.py) run on a
+one-process handle (LocalHandle), so this trainer and every multi-rank plan share one
+implementation. Each call gets only its role and the batch keys it declared, and must return
+exactly the keys it declared (checked here).
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ import torch
 
 from ..config import Config
 from ..observe.metrics import MetricsWriter, summary_line
+from ..runtime.calls import Place, generate_rows, implementation, row_wise, score_rows
+from ..runtime.calls_offline import sft_train
+from ..runtime.handles import LocalHandle
 from . import setup
 from .batch import Batch
 from .common import CallContext, Role, key_seed, keyed_generator, make_optimizer
 from .graph import Graph, graph_for
 from .kl import kl_estimate
-from .offline import sft_train_call
-from .registry import implementation, tensor_keys
-from .rollout import generate_call, score_call, sequence_reward
+from .registry import side, tensor_keys
 
 RL_ALGOS = ("ppo", "grpo", "remax", "rloo")
 CONSOLE_KEYS = {
@@ -43,15 +46,26 @@ class RunResult:
     model_dir: Path | None = None
 
 
-def run_graph(graph: Graph, roles: dict[str, Role], batch: Batch, ctx: CallContext
+def handles_for(roles: dict[str, Role], cfg: Config) -> dict[str, LocalHandle | None]:
+    """Each role's one-process handle (None for a rule reward)."""
+    return {name: LocalHandle(r.model, r.optim, cfg.optim.grad_clip) if r.model is not None else None
+            for name, r in roles.items()}
+
+
+def local_place(cfg: Config) -> Place:
+    """A one-process call's place: the whole batch, ppo.micro_batches micro-batches per step."""
+    return Place(micro_batches=cfg.ppo.micro_batches)
+
+
+def run_graph(graph: Graph, handles: dict[str, LocalHandle | None], batch: Batch, ctx: CallContext
               ) -> tuple[Batch, dict[str, float]]:
     """Run every call in order; returns the batch with all outputs, and stats incl. time/call/*."""
     stats: dict[str, float] = {}
     for call in graph.calls:
         fn = implementation(call, ctx.algo)
         t0 = time.perf_counter()
-        res = fn(roles[call.role], batch.only(tensor_keys(call.inputs)), ctx)
-        out, st = res if isinstance(res, tuple) else (res, {})
+        res = fn(handles[call.role], batch.only(tensor_keys(call.inputs)), ctx, local_place(ctx.cfg))
+        out, st = (res, {}) if row_wise(call) else (Batch(), res)
         stats[f"time/call/{call.name}"] = time.perf_counter() - t0
         want = sorted(tensor_keys(call.outputs))
         if sorted(out.keys()) != want:
@@ -89,13 +103,13 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     return out
 
 
-def eval_policy(actor: Role, prompts: Batch, cfg: Config, tok, iteration: int) -> dict[str, float]:
+def eval_policy(actor: LocalHandle, prompts: Batch, cfg: Config, tok, iteration: int) -> dict[str, float]:
     """Rule reward of one sample per prompt for batch_size prompts (SFT and DPO runs report it)."""
     ctx = CallContext(cfg, iteration, tok, algo="ppo")
     b = rollout_batch(prompts, cfg, iteration)
-    seqs = generate_call(actor, b, ctx)
-    return {"reward/mean": float(score_call(Role(None), seqs.with_(answer_ids=b["answer_ids"]), ctx)["scores"]
-                                 .mean())}
+    seqs = generate_rows(actor, b, ctx, local_place(cfg))
+    return {"reward/mean": float(score_rows(None, seqs.with_(answer_ids=b["answer_ids"]), ctx, local_place(cfg))
+                                 ["scores"].mean())}
 
 
 def warmup_sft(actor: torch.nn.Module, cfg: Config, tok, log: Callable[[str], None], progress: bool) -> list[dict]:
@@ -103,12 +117,12 @@ def warmup_sft(actor: torch.nn.Module, cfg: Config, tok, log: Callable[[str], No
     from tqdm import tqdm
 
     data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg))
-    role = Role(actor, make_optimizer(actor, cfg.sft.lr, cfg.optim.weight_decay))
+    h = LocalHandle(actor, make_optimizer(actor, cfg.sft.lr, cfg.optim.weight_decay), cfg.optim.grad_clip)
     records = []
     bar = tqdm(range(cfg.sft.steps), desc="SFT warm-up", disable=not progress, leave=False)
     for step in bar:
         rows = choose_rows(len(data), cfg.sft.batch_size, cfg.train.seed, "warmup", step)
-        _, st = sft_train_call(role, data.select(rows), CallContext(cfg, step, tok, algo="sft"))
+        st = sft_train(h, Batch(data.select(rows).data), CallContext(cfg, step, tok, algo="sft"), local_place(cfg))
         records.append({"step": step, **st})
         bar.set_postfix(loss=f"{st['sft/loss']:.3f}")
     log(f"SFT warm-up: {cfg.sft.steps} steps of {cfg.sft.batch_size} noisy demonstrations, "
@@ -121,14 +135,15 @@ def offline_batch(data: Batch, cfg: Config, iteration: int) -> Batch:
     return Batch(data.select(rows).data)
 
 
-@torch.no_grad()
-def rm_accuracy(rm: torch.nn.Module, pairs: Batch) -> float:
-    """Fraction of pairs where the reward model scores the chosen side above the rejected one."""
-    from .offline import side
+def chosen_scores(rm: LocalHandle, pairs: Batch, ctx: CallContext) -> torch.Tensor:
+    """The reward model's score of the chosen side of each pair [B]."""
+    return score_rows(rm, side(pairs, "chosen_"), ctx, Place())["scores"]
 
-    rm.eval()
-    return float((sequence_reward(rm, side(pairs, "chosen_")) > sequence_reward(rm, side(pairs, "rejected_")))
-                 .float().mean())
+
+def rm_accuracy(rm: LocalHandle, pairs: Batch, ctx: CallContext) -> float:
+    """Fraction of pairs where the reward model scores the chosen side above the rejected one."""
+    rejected = score_rows(rm, side(pairs, "rejected_"), ctx, Place())["scores"]
+    return float((chosen_scores(rm, pairs, ctx) > rejected).float().mean())
 
 
 def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = print, progress: bool = True,
@@ -145,6 +160,7 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
     if algo in RL_ALGOS + ("dpo", "rm") and cfg.models.actor.path is None and cfg.sft.warmup:
         result.warmup = warmup_sft(actor, cfg, tok, log, progress)
     roles = setup.build_roles(cfg, actor)
+    handles = handles_for(roles, cfg)
     graph = graph_for(algo, cfg.data.samples_per_prompt)
     log(f"{algo}: calls {' -> '.join(graph.names)}")
     prompts = setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg))
@@ -162,17 +178,14 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
         t0 = time.perf_counter()
         ctx = CallContext(cfg, it, tok)
         batch = rollout_batch(prompts, cfg, it) if algo in RL_ALGOS else offline_batch(data, cfg, it)
-        batch, stats = run_graph(graph, roles, batch, ctx)
+        batch, stats = run_graph(graph, handles, batch, ctx)
         record = {"iteration": it, **(rollout_metrics(batch) if algo in RL_ALGOS else {}), **stats}
         if algo in ("sft", "dpo") and cfg.data.path is None:
-            record.update(eval_policy(roles["actor"], prompts, cfg, tok, it))
+            record.update(eval_policy(handles["actor"], prompts, cfg, tok, it))
         if algo == "rm":
-            from .offline import side
-
-            with torch.no_grad():
-                record["reward/mean"] = float(sequence_reward(roles["reward"].model, side(batch, "chosen_")).mean())
-                if heldout is not None and (it % 10 == 0 or it == cfg.train.iterations - 1):
-                    record["rm/heldout_accuracy"] = rm_accuracy(roles["reward"].model, heldout)
+            record["reward/mean"] = float(chosen_scores(handles["reward"], batch, ctx).mean())
+            if heldout is not None and (it % 10 == 0 or it == cfg.train.iterations - 1):
+                record["rm/heldout_accuracy"] = rm_accuracy(handles["reward"], heldout, ctx)
         record["time/iteration"] = time.perf_counter() - t0
         record["perf/tokens_per_s"] = float(batch.tokens().sum()) / record["time/iteration"]
         result.metrics.append(record)

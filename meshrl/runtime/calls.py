@@ -1,8 +1,7 @@
-"""The RL calls on a model handle (one process or one rank of a layout): batch in, batch out.
-
-Same data contracts and the same pure functions as meshrl/algo/rollout.py and updates.py (the
-single-process trainer's calls), with the model reached through the handle protocol
-(meshrl/runtime/handles.py) so any layout can run them:
+"""The one implementation of every call, on a model handle: batch in, batch out. The multi-rank
+engine runs them on the ranks of a layout (ParallelModel), the single-process trainer on one
+process (LocalHandle); meshrl/runtime/handles.py has the protocol. This file holds the RL calls,
+calls_offline.py the SFT / reward-model / DPO ones; ``implementation`` picks a graph call's code.
 
 - inference calls (generate, scores, ref log-probs, values) are row-wise: each data-parallel
   replica gets its token-balanced part (``Batch.split``) and returns its rows with their index, on
@@ -10,6 +9,18 @@ single-process trainer's calls), with the model reached through the handle proto
 - train calls get the whole batch (advantages are whitened / grouped over it), cut it into the
   keyed mini-batches, and give each replica its part of every mini-batch; each loss is divided by
   the token count of the whole mini-batch, so the split changes only the summation order.
+
+Data contracts (keys read -> keys written; shapes as in meshrl/algo/batch.py, P = prompt_len,
+N = gen_len):
+
+    actor_gen      prompt_ids, prompt_mask [B, P], sample_seed [B]
+                   -> input_ids, attention_mask [B, P+N], response_mask [B, N], logp_old [B, N]
+    reward_inf     input_ids, attention_mask, response_mask, answer_ids [B, N] -> scores [B]
+    ref_inf        input_ids, attention_mask, response_mask -> logp_ref [B, N]
+    critic_inf     input_ids, attention_mask, response_mask -> values [B, N]
+    actor_train    seqs, logp_old, logp_ref, scores (+ values for ppo, + scores_greedy for remax)
+                   -> actor/* stats
+    critic_train   seqs, logp_old, logp_ref, scores, values -> critic/* stats
 """
 
 from __future__ import annotations
@@ -26,11 +37,10 @@ from ..algo.common import CallContext, StatSum, minibatch_rows
 from ..algo.graph import Call
 from ..algo.kl import kl_estimate
 from ..algo.losses import masked_sum_over, policy_loss, value_loss
-from ..algo.offline import SEQ_KEYS
+from ..algo.objectives import critic_free_advantages, kl_settings, ppo_advantages
+from ..algo.registry import SEQ_KEYS
 from ..algo.rewards import get_rule
-from ..algo.rollout import pack_generation, decode_responses
-from ..algo.updates import critic_free_advantages, kl_settings, ppo_advantages
-from ..model.generation import GenerationConfig
+from ..algo.rollout import decode_responses, generation_config, pack_generation
 from ..parallel.model import HeadOutputs
 from .handles import ModelHandle
 
@@ -58,10 +68,7 @@ def generate_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: P
     cfg, tok = ctx.cfg, ctx.tokenizer
     p_ids, p_mask = part["prompt_ids"], part["prompt_mask"]
     prompts = [row[m.bool()].tolist() for row, m in zip(p_ids, p_mask, strict=True)]
-    gcfg = GenerationConfig(max_new_tokens=cfg.data.gen_len, greedy=greedy, temperature=cfg.gen.temperature,
-                            top_k=cfg.gen.top_k, top_p=cfg.gen.top_p, eos_token_id=tok.eos_token_id,
-                            pad_token_id=tok.pad_token_id)
-    out = h.generate(prompts, gcfg, None if greedy else part["sample_seed"].tolist())
+    out = h.generate(prompts, generation_config(cfg, tok, greedy), None if greedy else part["sample_seed"].tolist())
     return Batch(pack_generation(out, p_ids, p_mask, cfg.data.gen_len, tok.pad_token_id), part.index)
 
 
@@ -203,9 +210,19 @@ def _score_greedy(h, part: Batch, ctx: CallContext, place: Place) -> Batch | Non
 ROW_CALLS = {"actor_gen": generate_rows, "actor_gen_greedy": _gen_greedy, "reward_inf": score_rows,
              "reward_inf_greedy": _score_greedy, "ref_inf": ref_logprob_rows, "critic_inf": value_rows}
 TRAIN_CALLS = {"actor_train": actor_train, "critic_train": critic_train}
-RUNTIME_ALGOS = ("ppo", "grpo", "rloo", "remax")
 
 
-def implementation(call: Call) -> Callable:
-    """The runtime function of a call of an RL graph (row-wise or train)."""
+def row_wise(call: Call) -> bool:
+    """Whether the call maps rows to rows (each dp replica runs its part of the batch), rather than
+    training on the whole batch."""
+    return call.kind != "train"
+
+
+def implementation(call: Call, algo: str) -> Callable:
+    """The function that runs ``call`` of ``algo``'s graph: ``fn(handle, batch, ctx, place)``, which
+    returns the replica's output rows (row-wise calls) or the call's statistics (train calls)."""
+    from .calls_offline import OFFLINE_CALLS
+
+    if algo in OFFLINE_CALLS:
+        return OFFLINE_CALLS[algo][call.name]
     return ROW_CALLS.get(call.name) or TRAIN_CALLS[call.name]

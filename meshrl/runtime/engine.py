@@ -159,7 +159,7 @@ class Engine:
                       dp_group=h.groups.dp.group if h is not None else None)
         ctx = CallContext(self.cfg, t, self.tok)
         batch = self._batch(t).only(tensor_keys(call.inputs))
-        fn = implementation(call)
+        fn = implementation(call, self.cfg.algo)
         if call.name in ROW_CALLS:
             part = batch.split(pl.layout.dp)[dp_i]
             place.micro_batches = min(place.micro_batches, len(part))

@@ -50,13 +50,21 @@ class LocalHandle:
         self.model, self.optim, self.grad_clip = model, optim, grad_clip
 
     def _head(self, mb: Mapping[str, torch.Tensor], entropy: bool) -> HeadOutputs:
-        out = self.model(mb["input_ids"], mb["attention_mask"])
-        if out.dim() == 2:  # a value model: [b, S]
-            return HeadOutputs(values=out.float())
+        """The model on the columns that hold a real token in some row (compute follows real
+        tokens, not the run's fixed P + N), outputs padded back to the full width with zeros:
+        pad keys are masked, so trimming changes no real token's output."""
+        ids, attn = mb["input_ids"], mb["attention_mask"]
+        cols = attn.bool().any(0).nonzero()
+        lo, hi = (int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, ids.shape[1])
+        out = self.model(ids[:, lo:hi], attn[:, lo:hi])
+        width = ids.shape[1]
+        if out.dim() == 2:  # a value model: [b, S']
+            return HeadOutputs(values=_pad_cols(out.float(), lo, width))
         logp_all = torch.log_softmax(out[:, :-1].float(), -1)
-        lp = logp_all.gather(-1, mb["input_ids"][:, 1:, None]).squeeze(-1)
+        lp = logp_all.gather(-1, ids[:, lo + 1:hi, None]).squeeze(-1)
         ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
-        return HeadOutputs(logprobs=lp, entropy=ent)
+        return HeadOutputs(logprobs=_pad_cols(lp, lo, width - 1),
+                           entropy=_pad_cols(ent, lo, width - 1) if ent is not None else None)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batches: int = 1,
@@ -93,3 +101,8 @@ class LocalHandle:
         self.optim.step()
         self.optim.zero_grad(set_to_none=True)
         return norm
+
+
+def _pad_cols(x: torch.Tensor, lo: int, width: int) -> torch.Tensor:
+    """[b, w] columns lo..lo+w-1 of a [b, width] tensor that is 0 elsewhere."""
+    return torch.nn.functional.pad(x, (lo, width - lo - x.shape[1]))

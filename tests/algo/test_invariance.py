@@ -1,5 +1,6 @@
 """Plans change speed, never results: DP splits of a rollout call and micro-batching of a train
-call give the same outputs and the same updated weights (up to float summation order)."""
+call give the same outputs and the same updated weights (up to float summation order). The calls
+are the runtime's (meshrl/runtime/calls.py) on the one-process handle."""
 
 import copy
 
@@ -7,34 +8,33 @@ import torch
 
 from meshrl.algo import setup
 from meshrl.algo.batch import Batch
-from meshrl.algo.common import CallContext, Role
-from meshrl.algo.rollout import generate_call, ref_logprobs_call, score_call
+from meshrl.algo.common import CallContext
 from meshrl.algo.trainer import rollout_batch
-from meshrl.algo.updates import actor_train_call
 from meshrl.config import load_config
 from meshrl.model import build_model
+from meshrl.runtime.calls import Place, actor_train, generate_rows, ref_logprob_rows, score_rows
+from meshrl.runtime.handles import LocalHandle
 
 
-def rollout(cfg, model, tok):
+def rollout(cfg, tok):
     prompts = setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg))
     ctx = CallContext(cfg, 0, tok)
     b = rollout_batch(prompts, cfg, 0)
     return b, ctx
 
 
+def _gen_ref(h: LocalHandle, b: Batch, ctx: CallContext) -> Batch:
+    g = generate_rows(h, b, ctx, Place())
+    return g.with_(**ref_logprob_rows(h, g, ctx, Place()).data)
+
+
 def test_generation_and_inference_are_invariant_to_the_dp_split():
     cfg = load_config(None, ["algo=grpo", "data.batch_size=6", "data.samples_per_prompt=2"])
     tok = setup.tokenizer_for(cfg)
-    role = Role(build_model("tiny", seed=3))
-    b, ctx = rollout(cfg, role.model, tok)
-    whole = generate_call(role, b, ctx)
-    whole = whole.with_(**ref_logprobs_call(role, whole, ctx).data)
-    parts = []
-    for part in b.split(4):  # token-balanced DP split, as a runtime would do
-        g = generate_call(role, part, ctx)
-        g = g.with_(**ref_logprobs_call(role, g, ctx).data)
-        parts.append(Batch(g.data, part.index))
-    merged = Batch.merge(parts)
+    h = LocalHandle(build_model("tiny", seed=3))
+    b, ctx = rollout(cfg, tok)
+    whole = _gen_ref(h, b, ctx)
+    merged = Batch.merge([_gen_ref(h, part, ctx) for part in b.split(4)])  # token-balanced DP split
     assert torch.equal(merged["input_ids"], whole["input_ids"])  # same tokens sampled
     assert torch.allclose(merged["logp_ref"], whole["logp_ref"], atol=1e-5)
     assert torch.allclose(merged["logp_old"], whole["logp_old"], atol=1e-5)
@@ -46,18 +46,17 @@ def test_micro_batching_changes_nothing_but_summation_order():
     cfg = load_config(None, base)
     tok = setup.tokenizer_for(cfg)
     model = build_model("tiny", seed=4)
-    b, ctx = rollout(cfg, model, tok)
-    seqs = generate_call(Role(model), b, ctx)
-    batch = b.with_(**seqs.data)
-    batch = batch.with_(**ref_logprobs_call(Role(build_model("tiny", seed=5)), batch, ctx).data)
+    b, ctx = rollout(cfg, tok)
+    batch = b.with_(**generate_rows(LocalHandle(model), b, ctx, Place()).data)
+    batch = batch.with_(**ref_logprob_rows(LocalHandle(build_model("tiny", seed=5)), batch, ctx, Place()).data)
     batch = batch.with_(scores=torch.tensor([1.0, 0, 0, 1, 1, 1, 0, 0, 0.5, 0, 1, 0]))
     weights, stats = [], []
     for micro in (1, 4):
         c = load_config(None, base + [f"ppo.micro_batches={micro}"])
         m = copy.deepcopy(model)
         # plain SGD: Adam divides by sqrt(v), which amplifies float noise in near-zero gradients
-        role = Role(m, torch.optim.SGD(m.parameters(), lr=0.5))
-        _, st = actor_train_call(role, batch, CallContext(c, 0, tok))
+        h = LocalHandle(m, torch.optim.SGD(m.parameters(), lr=0.5))
+        st = actor_train(h, batch, CallContext(c, 0, tok), Place(micro_batches=micro))
         weights.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
         stats.append(st)
     assert (weights[0] - torch.cat([p.detach().flatten() for p in model.parameters()])).abs().max() > 1e-5
@@ -75,5 +74,5 @@ def test_rule_reward_checks_the_decoded_answer():
     seqs = encode_sequences(tok, ["3+4=", "3+4=", "9+9="], ["7", "8", "18"], 8, 4)
     answers = encode_prompts(tok, [{"prompt": "3+4=", "answer": "7"}] * 2 + [{"prompt": "9+9=", "answer": "18"}],
                              8, 4)["answer_ids"]
-    scores = score_call(Role(None), Batch({**seqs, "answer_ids": answers}), CallContext(cfg, 0, tok))["scores"]
+    scores = score_rows(None, Batch({**seqs, "answer_ids": answers}), CallContext(cfg, 0, tok), Place())["scores"]
     assert scores.tolist() == [1.0, 0.0, 1.0]

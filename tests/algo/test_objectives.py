@@ -7,10 +7,12 @@ import math
 import torch
 
 from meshrl.algo.batch import Batch
-from meshrl.algo.rollout import response_logprobs
-from meshrl.algo.updates import critic_free_advantages, ppo_advantages
+from meshrl.algo.common import CallContext
+from meshrl.algo.objectives import critic_free_advantages, ppo_advantages
 from meshrl.config import load_config
 from meshrl.model import build_model
+from meshrl.runtime.calls import Place, _actor_loss_fn, ref_logprob_rows
+from meshrl.runtime.handles import LocalHandle
 
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 LOGP_OLD = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]])
@@ -55,7 +57,6 @@ def test_rloo_and_remax_subtract_the_summed_kl_from_the_score():
 def test_grpo_objective_by_loop():
     """GRPO's per-token loss: -min(r A, clip(r) A) + beta * k3, summed over real tokens / token count."""
     from meshrl.algo.common import StatSum
-    from meshrl.algo.updates import _actor_loss
 
     cfg = load_config(None, ["algo=grpo", "data.samples_per_prompt=2", "ppo.kl_coef=0.3"])
     model = build_model("tiny", seed=0)
@@ -69,8 +70,9 @@ def test_grpo_objective_by_loop():
                 "logp_old": torch.tensor([[-5.0, -6.0, 0.0], [-5.5, 0.0, 0.0]]),
                 "logp_ref": torch.tensor([[-5.2, -5.0, 0.0], [-5.0, 0.0, 0.0]])})
     adv = critic_free_advantages(mb, cfg, "grpo")
-    loss = _actor_loss(type("R", (), {"model": model})(), mb.with_(advantages=adv), cfg, "loss", "k3", 3.0,
-                       StatSum())
+    mb = mb.with_(advantages=adv)
+    h = LocalHandle(model)
+    loss = _actor_loss_fn(cfg, "loss", "k3", 3.0, StatSum())(h._head(mb.data, False), mb.data)
     with torch.no_grad():
         logp = torch.log_softmax(model(ids, attn).float(), -1)
     a = [1 / (math.sqrt(0.5) + 1e-6) * 0.5, -1 / (math.sqrt(0.5) + 1e-6) * 0.5]  # (s - mean) / std
@@ -94,7 +96,7 @@ def test_response_logprobs_skip_prompt_and_padding():
     rmask = attn[:, 7:].clone()
     rmask[0, 2] = 0  # a real token outside the response mask must get no log-prob either
     b = Batch({"input_ids": ids, "attention_mask": attn, "response_mask": rmask})
-    got = response_logprobs(model, b)
+    got = ref_logprob_rows(LocalHandle(model), b, CallContext(load_config(None, []), 0, None), Place())["logp_ref"]
     with torch.no_grad():
         alone = torch.log_softmax(model(torch.tensor([prompt + resp])).float(), -1)[0]
     # row 0's response starts at column 7, i.e. position 5 of the unpadded sequence
