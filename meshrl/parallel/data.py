@@ -83,6 +83,8 @@ class AdamWConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0  # <= 0: no clipping
+    # (parameter-name prefix, lr multiplier): e.g. a reward model's fresh score head learns faster
+    lr_scales: tuple[tuple[str, float], ...] = ()
 
 
 class ZeroAdamW:
@@ -91,8 +93,14 @@ class ZeroAdamW:
     Each rank's chunk is a view into its own parameter storage, so torch's AdamW updates the
     parameter in place and, with dp = 1, nothing is copied at all."""
 
-    def __init__(self, params: list[nn.Parameter], dp: Axis, cfg: AdamWConfig) -> None:
-        self.params = list({id(p): p for p in params}.values())  # a tied parameter once
+    def __init__(self, params: list[nn.Parameter], dp: Axis, cfg: AdamWConfig, names: list[str] | None = None
+                 ) -> None:
+        """``names`` (one per param) select the parameters that ``cfg.lr_scales`` applies to."""
+        first: dict[int, tuple[str, nn.Parameter]] = {}
+        for n, p in zip(names or [""] * len(params), params, strict=True):
+            first.setdefault(id(p), (n, p))  # a tied parameter once, at its first place
+        self.params = [p for _, p in first.values()]
+        scales = [next((x for pre, x in cfg.lr_scales if n.startswith(pre)), 1.0) for n, _ in first.values()]
         self.dp = dp
         self.chunks: list[nn.Parameter] = []
         self.bounds: list[tuple[int, int, int]] = []  # (lo, hi, padded chunk size)
@@ -102,7 +110,9 @@ class ZeroAdamW:
             lo, hi = min(dp.index * size, n), min((dp.index + 1) * size, n)
             self.bounds.append((lo, hi, size))
             self.chunks.append(nn.Parameter(p.detach().view(-1)[lo:hi]))
-        self.opt = torch.optim.AdamW(self.chunks, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+        groups = [{"params": [c for c, x in zip(self.chunks, scales, strict=True) if x == scale], "lr": cfg.lr * scale}
+                  for scale in dict.fromkeys(scales)]
+        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay, foreach=False)
 
     def set_lr(self, lr: float) -> None:

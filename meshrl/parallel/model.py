@@ -72,7 +72,8 @@ class ParallelModel:
         self.pipe = Pipe(self.groups.pp, timeout_s, self.stage.device)
         self.named: dict[str, nn.Parameter] = dict(self.stage.param_of)
         self.optim_cfg = optim
-        self.optimizer = ZeroAdamW(list(self.named.values()), self.groups.dp, optim) if optim else None
+        self.optimizer = ZeroAdamW(list(self.named.values()), self.groups.dp, optim,
+                                   names=list(self.named)) if optim else None
         self._counted = counted_names(self.sm, self.groups.rank)
         kv_split = placement.layout.tp > cfg.num_key_value_heads
         self._kv_names = [n for n in self.named if kv_split and (".k_proj." in n or ".v_proj." in n)]
