@@ -85,6 +85,21 @@ class GroupCache:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
 
+    def adopt(self, key: tuple[int, ...], group: dist.ProcessGroup | None) -> None:
+        """Take a group that all ranks of the world made together elsewhere (``dist.new_group`` over
+        sorted ``key``): the group on its members, None on every other rank. Non-members must adopt
+        None too: a key the cache does not know is made again by ``for_placement``, and a
+        ``new_group`` that only some ranks call advances only their own counter of groups (which
+        names the next group), so that group gets different names on different ranks and never
+        forms (what hung a second job in the same processes)."""
+        if list(key) != sorted(key) or len(set(key)) != len(key) or len(key) < 2:
+            raise ValueError(f"a group key is the sorted tuple of two or more distinct ranks, got {key}")
+        member = dist.get_rank() in key
+        if member != (group is not None):
+            raise ValueError(f"rank {dist.get_rank()}: group {key} must be "
+                             f"{'a process group' if member else 'None'} here")
+        self._groups[key] = group
+
     def _create(self, ranks: tuple[int, ...]) -> None:
         """Collective over the world: every rank calls it for every group, in the same order."""
         key = tuple(sorted(ranks))

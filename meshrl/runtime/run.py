@@ -56,18 +56,36 @@ def plan_groups(plan: ExecutionPlan, kv_heads: set[int]) -> list[tuple[int, ...]
     return list(out)
 
 
+def check_group_names() -> None:
+    """Fail (naming the ranks) unless every rank has made as many process groups as rank 0.
+
+    ``dist.new_group`` names a group by a per-process counter of groups made so far, so ranks whose
+    counts differ give the next group different names and its creation never completes: a silent
+    hang, here turned into an error. The count is torch's (``_world.group_count``); where a torch
+    lacks it, the check is skipped."""
+    from torch.distributed import distributed_c10d as c10d
+
+    mine = getattr(getattr(c10d, "_world", None), "group_count", None)
+    counts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, mine)
+    if mine is not None and len(set(counts)) > 1:
+        raise RuntimeError(f"the ranks have made different numbers of process groups {counts} (rank: count): "
+                           "a group was made by only some ranks, so the next group would never form")
+
+
 def make_groups(cache: GroupCache, groups: list[tuple[int, ...]], timeout_s: float) -> None:
     """Create the plan's groups with every rank taking part, one after another, before any model is
-    built. Why: groups made concurrently by disjoint rank sets (use_local_synchronization, as the
-    cache does lazily) left the first collective on one of them hanging now and then on gloo."""
+    built, and give them to ``cache`` (None on the ranks outside a group: see GroupCache.adopt).
+    Why up front: groups made concurrently by disjoint rank sets (use_local_synchronization) left
+    the first collective on one of them hanging now and then on gloo."""
     import datetime
 
+    check_group_names()
     for key in groups:
         if key not in _MADE:
             g = dist.new_group(list(key), timeout=datetime.timedelta(seconds=timeout_s))
             _MADE[key] = g if dist.get_rank() in key else None
-        if _MADE[key] is not None:
-            cache._groups[key] = _MADE[key]  # the cache's own table (keyed by sorted ranks): it reuses g
+        cache.adopt(key, _MADE[key])
 
 
 def model_configs(cfg: Config) -> list:

@@ -56,3 +56,40 @@ def test_hang_is_bounded():
     with pytest.raises(RankError, match=r"rank\(s\) \[0\] did not finish"):
         pool.run(_hang_on_rank0, timeout=3)
     assert time.monotonic() - t0 < 30
+
+
+def _job_groups(keys: list[tuple[int, ...]], placement: str, reduce_on: tuple[int, ...]) -> float | None:
+    """One 'job' as rank_main starts it: make the plan's groups, build a placement's groups, then
+    all-reduce on one group (within a short deadline)."""
+    from meshrl.parallel.mesh import Placement
+    from meshrl.runtime.run import make_groups, process_cache
+
+    cache = process_cache(20)
+    make_groups(cache, keys, 20)
+    cache.for_placement(Placement.parse(placement))
+    if dist.get_rank() not in reduce_on:
+        return None
+    t = torch.tensor([1.0])
+    dist.all_reduce(t, group=cache._groups[reduce_on])
+    return t.item()
+
+
+def _stray_group_then_job() -> None:
+    """Rank 2 alone makes a group it is not in (returns at once, advancing only its own count)."""
+    from meshrl.runtime.run import make_groups, process_cache
+
+    if dist.get_rank() == 2:
+        dist.new_group([0, 1])
+    make_groups(process_cache(20), [(1, 2)], 20)
+
+
+def test_a_second_job_in_the_same_ranks_makes_its_groups():
+    """The bug that hung a second plan in one pool: after a pp4 job (tied-embedding group (0, 3)),
+    ranks 1 and 2 had made one group more than ranks 0 and 3, so the next job's group (2, 3) got
+    two names and never formed. Each job's groups now form, and the counts are checked."""
+    with RankPool(4, timeout=60) as pool:
+        assert pool.run(_job_groups, [(0, 1, 2, 3), (0, 3)], "dp1tp1pp4@0-3", (0, 3)) == [2.0, None, None, 2.0]
+        assert pool.run(_job_groups, [(2, 3)], "dp1tp1pp2@2-3", (2, 3)) == [None, None, 2.0, 2.0]
+        # a group made by some ranks only is an error naming the counts, not a hang
+        with pytest.raises(RankError, match=r"different numbers of process groups \[\d+, \d+, \d+, \d+\]"):
+            pool.run(_stray_group_then_job)
