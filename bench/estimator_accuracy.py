@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import dataclasses
 import statistics
 import time
 
@@ -31,18 +32,9 @@ from meshrl.model import GenerationConfig, build_model, generate, get_preset, se
 from meshrl.parallel.mesh import Layout  # noqa: E402
 from meshrl.plan.estimator import CallSpec, RunShape, estimate_call  # noqa: E402
 from meshrl.plan.hardware import load_profile  # noqa: E402
+from meshrl.runtime.profile_layers import median_time  # noqa: E402
 
 CASES = (("tiny", RunShape(16, 16, 32)), ("tiny", RunShape(32, 64, 64)), ("small", RunShape(32, 16, 8)))
-
-
-def _median(fn, reps: int) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def measure(preset: str, shape: RunShape, reps: int) -> dict[str, float]:
@@ -63,8 +55,8 @@ def measure(preset: str, shape: RunShape, reps: int) -> dict[str, float]:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return {"generate": _median(lambda: generate(model, prompts, gen_cfg), reps),
-            "inference": _median(infer, reps), "train": _median(train, reps)}
+    return {"generate": median_time(lambda: generate(model, prompts, gen_cfg), reps),
+            "inference": median_time(infer, reps), "train": median_time(train, reps)}
 
 
 def one_rank(args: argparse.Namespace) -> None:
@@ -84,8 +76,13 @@ def one_rank(args: argparse.Namespace) -> None:
     print(f"\nmedian |error| {statistics.median(errors):.0%}, worst {max(errors):.0%} ({len(errors)} calls)")
 
 
+def _errors(rows) -> list[float]:
+    return [abs(r.error) for r in rows if r.kind in ("call", "iteration") and r.modelled]
+
+
 def on_ranks(args: argparse.Namespace) -> None:
-    """The demo under each strategy on each rank count; one table each, then the overall errors."""
+    """The demo under each strategy on each rank count; one table each, then the errors per run and
+    overall, with and without the shared-cores model (the same measurements, predicted both ways)."""
     from meshrl.commands.train import DEMO_DEFAULTS
     from meshrl.config import load_config
     from meshrl.plan.problem import problem_from_config
@@ -93,7 +90,13 @@ def on_ranks(args: argparse.Namespace) -> None:
     from meshrl.plan.validate import compare, table
     from meshrl.runtime.validate import rule_calls, run_plan
 
+    t_all = time.perf_counter()
+    hw = load_profile(args.profile, 1)
+    print(f"profile: {hw.cores} usable cores, slowdown with k busy ranks "
+          + ", ".join(f"{k}: {f:.2f}" for k, f in hw.contention) + f"; load average {_load()}", flush=True)
     errors: list[float] = []
+    plain: list[float] = []
+    runs: list[str] = []
     for n in (int(x) for x in args.ranks.split(",")):
         for strategy in args.strategies.split(","):
             cfg = load_config(None, DEMO_DEFAULTS["ppo"] + ["cluster.device=cpu", f"cluster.devices_per_node={n}"])
@@ -102,12 +105,24 @@ def on_ranks(args: argparse.Namespace) -> None:
             t = time.perf_counter()
             records = run_plan(cfg, plan, args.iterations, n)
             rows = compare(problem, plan, records, rule_calls(cfg, plan))
+            problem.hw = dataclasses.replace(problem.hw, contention=())  # every rank its own core
+            rows0 = compare(problem, plan, records, rule_calls(cfg, plan))
             layouts = ", ".join(f"{c} {cp.layout}@{cp.mesh} m{cp.micro_batches}" for c, cp in plan.calls.items())
-            print(f"\n### {n} ranks, {strategy} ({time.perf_counter() - t:.0f} s wall)\n{layouts}\n{table(rows)}",
-                  flush=True)
-            errors += [abs(r.error) for r in rows if r.kind in ("call", "iteration") and r.modelled]
+            e, e0 = _errors(rows), _errors(rows0)
+            runs.append(f"{n} ranks {strategy}: median {statistics.median(e):.0%}, worst {max(e):.0%} "
+                        f"(without the shared-cores model {statistics.median(e0):.0%}, {max(e0):.0%})")
+            print(f"\n### {n} ranks, {strategy} ({time.perf_counter() - t:.0f} s wall, load average {_load()})"
+                  f"\n{layouts}\n{table(rows)}\n{runs[-1]}", flush=True)
+            errors += e
+            plain += e0
+    print("\n" + "\n".join(runs))
     print(f"\nall runs: median |error| {statistics.median(errors):.0%}, worst {max(errors):.0%} "
-          f"({len(errors)} calls and iterations)")
+          f"({len(errors)} calls and iterations; without the shared-cores model {statistics.median(plain):.0%}, "
+          f"{max(plain):.0%}); {time.perf_counter() - t_all:.0f} s, load average {_load()}")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:

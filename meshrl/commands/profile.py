@@ -1,7 +1,8 @@
 """``meshrl profile [--quick] [--out FILE]``: measure this machine for the planner.
 
-Matmul throughput at the widths of the presets, memory bandwidth, and gloo all-reduce, all-gather
-and send/recv latency and bandwidth by group size, into the file that ``cluster.device=cpu`` reads
+Matmul throughput at the widths of the presets, memory bandwidth, gloo all-reduce, all-gather and
+send/recv latency and bandwidth by group size, the usable cores, the threads of a rank, and the
+slowdown of k ranks computing at once (meshrl/runtime/profile_cores.py), into the file that ``cluster.device=cpu`` reads
 (default ~/.cache/meshrl/profile-cpu.json, or $MESHRL_PROFILE).
 """
 
@@ -39,5 +40,8 @@ def run(args: argparse.Namespace) -> int:
     for kind, fits in data["collectives"].items():
         for n, fit in fits.items():
             print(f"{kind} x{n}: latency {fit['latency_s'] * 1e6:.0f} us, {1 / fit['sec_per_byte'] / 1e9:.2f} GB/s")
+    curve = ", ".join(f"{k}: {f:.2f}x" for k, f in data["contention"]["slowdown"].items())
+    print(f"{data['cores']} usable cores, {data['threads_per_rank']} thread(s) per rank; "
+          f"slowdown with k ranks busy at once: {curve}")
     print(f"wrote {path}")
     return 0

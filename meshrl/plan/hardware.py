@@ -86,6 +86,25 @@ class Hardware:
     matmul: tuple[tuple[int, float], ...] = ()
     measured: dict[str, dict[int, LinkFit]] = field(default_factory=dict)
     layers: tuple[tuple[int, LayerFits], ...] = ()  # (hidden size, fits), sorted
+    cores: int = 0  # usable cores per node (profiles only; 0: every device is its own, as a GPU)
+    contention: tuple[tuple[int, float], ...] = ()  # (busy ranks on a node, slowdown), measured
+
+    def slowdown(self, busy: int) -> float:
+        """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs).
+
+        Between measured points the curve is interpolated linearly; beyond the largest measured k it
+        follows processor sharing (k runnable processes on c cores get c / k of a core each)."""
+        if not self.contention or busy <= 1:
+            return 1.0
+        ks = [k for k, _ in self.contention]
+        i = bisect.bisect_left(ks, busy)
+        if i < len(ks) and ks[i] == busy:
+            return self.contention[i][1]
+        if i == len(ks):
+            k, f = self.contention[-1]
+            return f * max(1.0, busy / self.cores) / max(1.0, k / self.cores)
+        (k0, f0), (k1, f1) = self.contention[i - 1], self.contention[i]
+        return f0 + (f1 - f0) * (busy - k0) / (k1 - k0)
 
     def layer_fits(self, hidden: int) -> LayerFits | None:
         """The measured layer closest in width to ``hidden`` (None for the GPU presets)."""
@@ -209,6 +228,7 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> 
                                  for k in ("fwd", "fwd_bwd", "decode", "fixed_fwd", "fixed_fwd_bwd",
                                            "fixed_decode"))))
             for h, v in data.get("layers", {}).items()))
+        contention = _contention(data)
         p2p = measured.get("p2p", {}).get(2)
         bw = 1.0 / p2p.sec_per_byte if p2p else float(data["mem_bw"])
         lat = p2p.latency if p2p else 0.0
@@ -217,9 +237,26 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> 
                         inter_bw=bw, inter_lat=lat, devices_per_node=devices_per_node, base_lat=0.0,
                         dtype_bytes=int(data.get("dtype_bytes", 4)),
                         sources={"all": f"measured by meshrl profile ({source})"}, matmul=matmul,
-                        measured=measured, layers=layers)
+                        measured=measured, layers=layers, cores=int(data.get("cores", 0)) if contention else 0,
+                        contention=contention)
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"profile {source} is malformed ({e!r}); run `meshrl profile` again") from None
+
+
+def _contention(data: dict) -> tuple[tuple[int, float], ...]:
+    """The measured slowdown curve, made physical: at least 1 (sharing never speeds a rank up) and
+    non-decreasing in k (more busy ranks never make each faster), so noise below either reads as
+    the bound. Profiles from before it was measured have none: no slowdown is then modelled."""
+    c = data.get("contention")
+    if not c:
+        return ()
+    if int(data["cores"]) < 1:
+        raise ValueError(f"cores={data['cores']}")
+    out, top = [], 1.0
+    for k, f in sorted((int(k), float(f)) for k, f in c["slowdown"].items()):
+        top = max(top, f)
+        out.append((k, top))
+    return tuple(out)
 
 
 def load_profile(path: str | Path | None = None, devices_per_node: int = 1) -> Hardware:

@@ -14,11 +14,19 @@ Steps per iteration t, in graph order:
 - ``call``: after its parents (and their transfers) and its realloc.
 With ``async_gen=1``, the generation steps of iteration t+1 come before the rest of iteration t in
 the global order, so generation overlaps training.
+
+Shared cores (CPU profiles only): ranks of one node that compute at once share its cores. Then a
+step runs at rate 1 / slowdown(busy ranks on its node), the measured curve of the profile
+(``Hardware.slowdown``), re-evaluated whenever a step starts or ends (processor sharing, simulated
+event by event); a step over several nodes goes at its slowest node's rate. ``Event.duration`` is
+the step's time alone; ``end - start`` its time as run. GPU presets have no curve, and then the plain
+list schedule runs, unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .execution_plan import ExecutionPlan
 from .problem import Problem
@@ -177,8 +185,25 @@ def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERAT
     return events
 
 
-def schedule(events: list[Event], n_devices: int) -> float:
+@dataclass(frozen=True)
+class Sharing:
+    """Devices that share a node's cores: ``per_node`` devices a node, ``slowdown(busy ranks)``."""
+
+    per_node: int
+    slowdown: Callable[[int], float]
+
+
+def sharing(problem: Problem) -> Sharing | None:
+    """The problem's core sharing, or None where every device is its own (GPU presets)."""
+    if not problem.hw.contention:
+        return None
+    return Sharing(problem.cluster.devices_per_node, problem.hw.slowdown)
+
+
+def schedule(events: list[Event], n_devices: int, share: Sharing | None = None) -> float:
     """List scheduling in the global order; fills start/end, returns the makespan."""
+    if share is not None:
+        return _schedule_shared(events, n_devices, share)
     free = [0.0] * n_devices
     end = 0.0
     for e in events:
@@ -190,13 +215,62 @@ def schedule(events: list[Event], n_devices: int) -> float:
     return end
 
 
+def _schedule_shared(events: list[Event], n_devices: int, share: Sharing) -> float:
+    """The same list schedule (a step starts when its dependencies and its devices' earlier steps
+    are done), simulated event by event because a step's speed depends on what else runs on its
+    node: between two starts or ends, each running step advances at 1 / slowdown(busy ranks)."""
+    n = len(events)
+    waits = [0] * n
+    after: list[list[int]] = [[] for _ in range(n)]
+    last = [-1] * n_devices
+    for i, e in enumerate(events):
+        preds = set(e.deps) | {last[d] for d in e.devices if last[d] >= 0}
+        waits[i] = len(preds)
+        for p in preds:
+            after[p].append(i)
+        for d in e.devices:
+            last[d] = i
+    left = [e.duration for e in events]
+    ready = [i for i in range(n) if waits[i] == 0]
+    running: list[int] = []
+    now = 0.0
+    while ready or running:
+        for i in ready:
+            events[i].start = now
+        running += ready
+        ready = []
+        busy: dict[int, int] = {}
+        for i in running:
+            for d in events[i].devices:
+                busy[d // share.per_node] = busy.get(d // share.per_node, 0) + 1
+        rate = {i: 1.0 / max([share.slowdown(busy[d // share.per_node]) for d in events[i].devices] + [1.0])
+                for i in running}
+        dt = min(left[i] / rate[i] for i in running)
+        now += dt
+        still = []
+        for i in running:
+            left[i] -= rate[i] * dt
+            if left[i] <= 1e-12 * max(1.0, events[i].duration) or left[i] / rate[i] <= dt * 1e-9:
+                events[i].end = now
+                for j in after[i]:
+                    waits[j] -= 1
+                    if waits[j] == 0:
+                        ready.append(j)
+            else:
+                still.append(i)
+        running = still
+    return max((e.end for e in events), default=0.0)
+
+
 def simulate(problem: Problem, plan: ExecutionPlan, iterations: int = ITERATIONS) -> Timeline:
     events = build_events(problem, plan, iterations)
-    makespan = schedule(events, problem.cluster.size)
+    share = sharing(problem)
+    makespan = schedule(events, problem.cluster.size, share)
     busy: dict[str, float] = {}
     for e in events:
-        if e.iteration == min(1, iterations - 1):
-            busy[e.name] = busy.get(e.name, 0.0) + e.duration * len(e.devices)
+        if e.iteration == min(1, iterations - 1):  # device-seconds as run (stretched where cores are shared)
+            span = e.duration if share is None else e.end - e.start
+            busy[e.name] = busy.get(e.name, 0.0) + span * len(e.devices)
     return Timeline(events, iterations, problem.cluster.size, makespan, busy)
 
 
@@ -204,4 +278,5 @@ def iteration_time(problem: Problem, plan: ExecutionPlan, iterations: int = ITER
                    free: dict[str, float] | None = None) -> float:
     """The search's objective: mean iteration time of the simulated run (a lower bound when
     ``free`` stands in for calls the partial ``plan`` lacks)."""
-    return schedule(build_events(problem, plan, iterations, free), problem.cluster.size) / iterations
+    return schedule(build_events(problem, plan, iterations, free), problem.cluster.size,
+                    sharing(problem)) / iterations

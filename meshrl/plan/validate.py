@@ -6,9 +6,10 @@ call, reallocation and transfer the slowest rank's seconds in that step, per ite
 between two ends of iteration. Iteration 0 is a warm-up (first calls allocate, caches are cold) and
 is left out; each figure is the median over the remaining iterations.
 
-Predicted times are the estimator's call costs and the simulator's steady-state iteration: the
-makespan of ITERS simulated iterations less that of one, over ITERS - 1 (an asynchronous plan pays
-its pipeline fill once, as a long run does).
+Predicted times are the simulator's: per step its time as run in iterations 1 to ITERS - 1 (the
+estimator's cost, stretched where ranks share cores: see simulator.py), per iteration the steady
+state, the makespan of ITERS simulated iterations less that of one, over ITERS - 1 (an asynchronous
+plan pays its pipeline fill once, as a long run does).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from .execution_plan import ExecutionPlan
 from .problem import Problem
-from .simulator import build_events, schedule
+from .simulator import build_events, schedule, sharing
 
 ITERS = 5
 PREFIX = {"call": "time/call/", "realloc": "time/realloc/", "transfer": "time/transfer/"}
@@ -45,20 +46,25 @@ class Row:
 
 def steady_iteration_s(problem: Problem, plan: ExecutionPlan, iterations: int = ITERS) -> float:
     """Seconds per iteration once the run is going (the first iteration's fill left out)."""
-    one = schedule(build_events(problem, plan, 1), problem.cluster.size)
-    many = schedule(build_events(problem, plan, iterations), problem.cluster.size)
+    one = schedule(build_events(problem, plan, 1), problem.cluster.size, sharing(problem))
+    many = schedule(build_events(problem, plan, iterations), problem.cluster.size, sharing(problem))
     return (many - one) / (iterations - 1)
 
 
-def predicted_steps(problem: Problem, plan: ExecutionPlan) -> dict[str, tuple[str, float]]:
-    """{step label: (kind, seconds)} for one iteration: every call, and every realloc and transfer
-    the simulator puts in iteration 1 (labels as the runtime's: 'actor->actor_gen', 'p->c')."""
-    out: dict[str, tuple[str, float]] = {n: ("call", problem.call_estimate(n, cp).time_s)
-                                         for n, cp in plan.calls.items()}
-    for ev in build_events(problem, plan, 2):
-        if ev.kind != "call" and ev.iteration == 1:
-            label = ev.name.split(" ", 1)[1]
-            out[label] = (ev.kind, out.get(label, (ev.kind, 0.0))[1] + ev.duration)
+def predicted_steps(problem: Problem, plan: ExecutionPlan, iterations: int = ITERS) -> dict[str, tuple[str, float]]:
+    """{step label: (kind, seconds per iteration)}: every call, realloc and transfer of the simulated
+    iterations 1 to ``iterations`` - 1, each as run (labels as the runtime's: 'actor->actor_gen',
+    'p->c'). Without shared cores a call's time is the estimator's, with them its stretched time."""
+    share = sharing(problem)
+    events = build_events(problem, plan, iterations)
+    schedule(events, problem.cluster.size, share)
+    out: dict[str, tuple[str, float]] = {}
+    steady = range(1, iterations)
+    for ev in events:
+        if ev.iteration in steady:
+            label = ev.name if ev.kind == "call" else ev.name.split(" ", 1)[1]
+            span = ev.duration if share is None else ev.end - ev.start
+            out[label] = (ev.kind, out.get(label, (ev.kind, 0.0))[1] + span / len(steady))
     return out
 
 

@@ -1,6 +1,7 @@
-"""``meshrl profile``'s measuring side: this machine's matmul throughput, memory bandwidth, and gloo
-collective latency and bandwidth by group size, written as the JSON the planner reads
-(meshrl/plan/hardware.py: ``from_profile``).
+"""``meshrl profile``'s measuring side: this machine's matmul throughput, memory bandwidth, gloo
+collective latency and bandwidth by group size, and how its cores are shared between ranks
+(meshrl/runtime/profile_cores.py), written as the JSON the planner reads (meshrl/plan/hardware.py:
+``from_profile``).
 
 Each rank of a CPU run is one process with one thread (the tests and the launcher set
 OMP_NUM_THREADS=1), so compute is measured with one thread, in fp32 (the CPU dtype).
@@ -14,7 +15,6 @@ import json
 import os
 import platform
 import socket
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +24,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import UserError
-from .profile_layers import measure_layers
+from .profile_cores import measure_cores
+from .profile_layers import linear_fit, measure_layers, median_time
 
 HIDDEN_FULL = (128, 768, 2048, 4096)  # tiny, small, and two larger widths (7B is 4096)
 HIDDEN_QUICK = (128,)
@@ -34,23 +35,13 @@ PG_TIMEOUT_S = 60
 SIZES = (4096, 1 << 18, 1 << 22)  # bytes per rank: from latency-bound to bandwidth-bound
 
 
-def _median_time(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def measure_matmul(hidden: tuple[int, ...], reps: int) -> dict[str, float]:
     """FLOP/s of [tokens, h] x [h, 4h / 3 * 2] (a decoder MLP's shape) per hidden size."""
     out = {}
     for h in hidden:
         tokens = 256
         a, b = torch.randn(tokens, h), torch.randn(h, max(8, (8 * h) // 3))
-        t = _median_time(lambda a=a, b=b: a @ b, reps)
+        t = median_time(lambda a=a, b=b: a @ b, reps)
         out[str(h)] = 2.0 * a.shape[0] * a.shape[1] * b.shape[1] / t
     return out
 
@@ -59,22 +50,8 @@ def measure_mem_bw(nbytes: int, reps: int) -> float:
     """Bytes/s of a tensor copy (each byte read once and written once)."""
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
-    t = _median_time(lambda: dst.copy_(src), reps)
+    t = median_time(lambda: dst.copy_(src), reps)
     return 2.0 * nbytes / t
-
-
-def _fit(points: list[tuple[float, float]]) -> dict[str, float]:
-    """Least-squares ``seconds = latency + bytes * sec_per_byte`` through the (bytes, seconds)
-    points; if noise makes the slope non-positive, the largest point's average rate is used."""
-    n = len(points)
-    mb = sum(b for b, _ in points) / n
-    mt = sum(t for _, t in points) / n
-    var = sum((b - mb) ** 2 for b, _ in points)
-    spb = sum((b - mb) * (t - mt) for b, t in points) / var if var else 0.0
-    if spb <= 0:
-        b_max, t_max = max(points)
-        spb = t_max / b_max
-    return {"latency_s": max(mt - mb * spb, 0.0), "sec_per_byte": spb}
 
 
 def _worker(rank: int, world: int, port: int, reps: int, out_path: str, sizes: tuple[int, ...] = SIZES
@@ -104,9 +81,9 @@ def _worker(rank: int, world: int, port: int, reps: int, out_path: str, sizes: t
                             dist.send(x, 0)
                     moved = nbytes
                 dist.barrier()
-                t = _median_time(fn, reps)
+                t = median_time(fn, reps)
                 pts.append((moved, t / 2 if kind == "p2p" else t))
-            res[kind] = _fit(pts)
+            res[kind] = linear_fit(pts, "sec_per_byte")
         if rank == 0:
             Path(out_path).write_text(json.dumps(res))
     finally:
@@ -159,8 +136,9 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
         for kind, fit in res.items():
             if kind != "p2p" or world == 2:
                 colls[kind][str(world)] = fit
+    cores = measure_cores(quick, timeout_s)  # cores, threads_per_rank, contention
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {"version": 1, "device": "cpu", "host": platform.node(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "threads_per_rank": 1, "dtype": "float32", "dtype_bytes": 4,
+    return {"version": 1, "device": "cpu", "host": platform.node(), "cpus": os.cpu_count(), **cores,
+            "torch": torch.__version__, "dtype": "float32", "dtype_bytes": 4,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": quick,
             "matmul": matmul, "layers": layers, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls}

@@ -34,23 +34,33 @@ def width_configs(quick: bool) -> dict[str, ModelConfig]:
     return cfgs
 
 
-def _pair_medians(f1, f2, reps: int) -> tuple[float, float]:
-    """Median seconds of f1 and of f2, timed alternately. Why alternately: the per-layer cost is a
-    difference of the two, and a CPU whose speed drifts between two blocks of timings (turbo, other
-    tenants) would put the drift into that difference (a drift seen here made it negative)."""
-    f1()
-    f2()
-    a: list[float] = []
-    b: list[float] = []
+def median_time(fn, reps: int) -> float:
+    """Median seconds of ``reps`` calls of ``fn`` after one warm-up call (every timing of the
+    profile and of bench/estimator_accuracy.py goes through this or ``pair_medians``)."""
+    return pair_medians(fn, None, reps)[0]
+
+
+def pair_medians(f1, f2, reps: int) -> tuple[float, float]:
+    """Median seconds of f1 and of f2 (None: f1 alone), timed alternately. Why alternately: the
+    per-layer cost is a difference of the two, and a CPU whose speed drifts between two blocks of
+    timings (turbo, other tenants) would put the drift into that difference (a drift seen here made
+    it negative)."""
+    fns = (f1,) if f2 is None else (f1, f2)
+    for fn in fns:
+        fn()
+    acc: tuple[list[float], ...] = tuple([] for _ in fns)
     for _ in range(reps):
-        for fn, acc in ((f1, a), (f2, b)):
+        for fn, times in zip(fns, acc, strict=True):
             t = time.perf_counter()
             fn()
-            acc.append(time.perf_counter() - t)
-    return statistics.median(a), statistics.median(b)
+            times.append(time.perf_counter() - t)
+    meds = [statistics.median(times) for times in acc]
+    return meds[0], meds[-1]
 
 
-def _fit(points: list[tuple[float, float]]) -> dict[str, float]:
+def linear_fit(points: list[tuple[float, float]], slope_key: str = "sec_per_unit") -> dict[str, float]:
+    """Least-squares ``y = latency_s + x * slope`` through (x, y) points, as {latency_s, slope_key};
+    if noise makes the slope non-positive, the largest point's average rate is used."""
     n = len(points)
     mx = sum(x for x, _ in points) / n
     my = sum(y for _, y in points) / n
@@ -59,7 +69,7 @@ def _fit(points: list[tuple[float, float]]) -> dict[str, float]:
     if slope <= 0:
         x_max, y_max = max(points)
         slope = y_max / x_max
-    return {"latency_s": max(my - mx * slope, 0.0), "sec_per_unit": slope}
+    return {"latency_s": max(my - mx * slope, 0.0), slope_key: slope}
 
 
 def _model_times(models: tuple, cfg: ModelConfig, tokens: tuple[int, ...], batches: tuple[int, ...], reps: int
@@ -81,7 +91,7 @@ def _model_times(models: tuple, cfg: ModelConfig, tokens: tuple[int, ...], batch
             model.zero_grad(set_to_none=True)
 
         for kind, fn in (("fwd", fwd), ("fwd_bwd", step)):
-            out[kind].append((b * s, *_pair_medians(lambda fn=fn: fn(models[0]), lambda fn=fn: fn(models[1]), reps)))
+            out[kind].append((b * s, *pair_medians(lambda fn=fn: fn(models[0]), lambda fn=fn: fn(models[1]), reps)))
     for b in batches:
         mask = torch.ones(b, DECODE_CONTEXT + 1, dtype=torch.long)
         tok = torch.ones(b, dtype=torch.long)
@@ -92,7 +102,7 @@ def _model_times(models: tuple, cfg: ModelConfig, tokens: tuple[int, ...], batch
                 logits = decode_one(models[i], tok, mask, caches[i], DECODE_CONTEXT)
                 torch.log_softmax(logits, -1).gather(-1, logits.argmax(-1, keepdim=True))
 
-        out["decode"].append((b, *_pair_medians(lambda: one(0), lambda: one(1), reps)))
+        out["decode"].append((b, *pair_medians(lambda: one(0), lambda: one(1), reps)))
     return out
 
 
@@ -105,8 +115,8 @@ def measure_layer(cfg: ModelConfig, tokens: tuple[int, ...], batches: tuple[int,
                                      if k.startswith("model.layers.0.")),
                  "head_params": cfg.vocab_size * cfg.hidden_size}
     for kind, pts in times.items():
-        res[kind] = _fit([(x, max(t2 - t1, 1e-9)) for x, t1, t2 in pts])
-        res["fixed_" + kind] = _fit([(x, max(2 * t1 - t2, 1e-9)) for x, t1, t2 in pts])
+        res[kind] = linear_fit([(x, max(t2 - t1, 1e-9)) for x, t1, t2 in pts])
+        res["fixed_" + kind] = linear_fit([(x, max(2 * t1 - t2, 1e-9)) for x, t1, t2 in pts])
     return res
 
 

@@ -1,6 +1,7 @@
 """`meshrl plan` and `meshrl profile` from the command line: tables, --json, files, bad input."""
 
 import json
+import os
 
 import pytest
 
@@ -78,7 +79,11 @@ def test_profile_quick_writes_a_profile_the_planner_reads(capsys, tmp_path):
     for kind in ("all_reduce", "all_gather", "p2p"):
         fit = data["collectives"][kind]["2"]
         assert fit["latency_s"] >= 0 and fit["sec_per_byte"] > 0
-    capsys.readouterr()
+    assert data["cores"] == len(os.sched_getaffinity(0))
+    assert data["threads_per_rank"] == int(os.environ.get("OMP_NUM_THREADS", "1"))  # as RankPool starts ranks
+    slow = data["contention"]["slowdown"]
+    assert slow["1"] == 1.0 and slow["2"] > 0 and data["contention"]["seconds_per_step_alone"] > 0
+    assert "usable cores" in capsys.readouterr().out
     assert main(["plan", "cluster.device=cpu", "cluster.devices_per_node=2", "--profile", str(path), "--json",
                  "--budget", "0.5"]) == 0
     plan = json.loads(capsys.readouterr().out)

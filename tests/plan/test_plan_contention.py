@@ -1,0 +1,100 @@
+"""Ranks that share a node's cores: the measured slowdown curve, and the simulator that stretches
+steps running at the same time on one node by it. GPU presets have no curve and are unchanged."""
+
+import pytest
+
+from meshrl.plan.hardware import PRESETS, from_profile
+from meshrl.plan.simulator import Event, Sharing, build_events, schedule, sharing, simulate
+from meshrl.plan.strategies import BUILDERS, colocated, interleaved
+
+from .helpers import models, problem
+from .test_plan_simulator import PPO_16, check_timeline
+from .test_validate import PROFILE
+
+# A 2-core machine: two busy ranks run as fast as one, four take about twice as long.
+CURVE = {"1": 1.0, "2": 1.05, "3": 1.6, "4": 2.1}
+SHARED = {**PROFILE, "cores": 2, "threads_per_rank": 1, "contention": {"slowdown": CURVE}}
+
+
+def cpu_problem(tmp_path, profile: dict, ranks: int = 4):
+    import json
+
+    from meshrl.commands.train import DEMO_DEFAULTS
+    from meshrl.config import load_config
+    from meshrl.plan.problem import problem_from_config
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    cfg = load_config(None, DEMO_DEFAULTS["ppo"] + ["cluster.device=cpu", f"cluster.devices_per_node={ranks}"])
+    return problem_from_config(cfg, str(path))
+
+
+def test_slowdown_is_the_measured_curve_made_physical():
+    hw = from_profile(SHARED, devices_per_node=4)
+    assert hw.cores == 2
+    assert [hw.slowdown(k) for k in (0, 1, 2, 3, 4)] == [1.0, 1.0, 1.05, 1.6, 2.1]
+    assert hw.slowdown(8) == pytest.approx(2.1 * 2)  # processor sharing beyond the measured points
+    noisy = from_profile({**SHARED, "contention": {"slowdown": {"1": 1.0, "2": 0.97, "3": 1.9, "4": 1.8}}}, 4)
+    assert [noisy.slowdown(k) for k in (2, 3, 4)] == [1.0, 1.9, 1.9]  # >= 1 and non-decreasing
+    old = from_profile(PROFILE, devices_per_node=4)  # a profile from before the curve was measured
+    assert old.contention == () and old.slowdown(4) == 1.0
+    assert all(hw.slowdown(64) == 1.0 for hw in PRESETS.values())
+
+
+def test_two_steps_on_one_node_share_its_cores():
+    """Two steps of two ranks each on a 4-rank node: both at 1 / slowdown(4) until the shorter ends,
+    then the longer at 1 / slowdown(2). On two nodes of two ranks neither slows the other."""
+    curve = {2: 1.0, 4: 2.0}
+
+    def events():
+        return [Event("a", "call", 0, (0, 1), 1.0), Event("b", "call", 0, (2, 3), 2.0),
+                Event("c", "call", 0, (0, 1, 2, 3), 1.0, (0, 1))]
+
+    one_node = events()
+    assert schedule(one_node, 4, Sharing(4, curve.get)) == pytest.approx(3.0 + 2.0)
+    assert (one_node[0].end, one_node[1].end) == pytest.approx((2.0, 3.0))  # a: 1 s of work at half speed
+    two_nodes = events()
+    assert schedule(two_nodes, 4, Sharing(2, curve.get)) == pytest.approx(2.0 + 1.0)
+
+
+def test_shared_schedule_without_slowdown_is_the_list_schedule():
+    """With a flat curve the event-by-event simulation gives the plain list schedule, step by step."""
+    prob = problem(*PPO_16)
+    for build in BUILDERS.values():
+        plain = build_events(prob, build(prob), 3)
+        shared = build_events(prob, build(prob), 3)
+        assert schedule(shared, prob.cluster.size, Sharing(8, lambda k: 1.0)) == pytest.approx(
+            schedule(plain, prob.cluster.size))
+        for p, s in zip(plain, shared, strict=True):
+            assert (s.start, s.end) == pytest.approx((p.start, p.end), abs=1e-9)
+
+
+def test_gpu_presets_model_no_sharing():
+    for device in PRESETS:
+        prob = problem("cluster.devices_per_node=8", *models("llama2-7b"), device=device)
+        assert sharing(prob) is None
+
+
+def test_four_busy_ranks_on_two_cores_take_at_least_the_measured_factor(tmp_path):
+    """Colocated on 4 ranks: every step runs on all 4 ranks of the 2-core node, so each takes
+    slowdown(4) = 2.1 times its time alone, and so does the iteration."""
+    shared = cpu_problem(tmp_path, SHARED)
+    alone = cpu_problem(tmp_path, PROFILE)
+    plan = colocated(alone)
+    tl, tl0 = simulate(shared, plan), simulate(alone, plan)
+    check_timeline(shared, tl)
+    for e in tl.events:
+        if e.kind == "call" and e.devices:
+            assert e.end - e.start == pytest.approx(e.duration * 2.1)
+    assert tl.iteration_s == pytest.approx(tl0.iteration_s * 2.1)
+
+
+def test_interleaved_halves_slow_each_other_only_while_both_compute(tmp_path):
+    shared = cpu_problem(tmp_path, SHARED)
+    alone = cpu_problem(tmp_path, PROFILE)
+    plan = interleaved(alone)
+    tl, tl0 = simulate(shared, plan), simulate(alone, plan)
+    check_timeline(shared, tl)
+    spans = [(e.end - e.start) / e.duration for e in tl.events if e.kind == "call" and e.duration > 0 and e.devices]
+    assert all(1.05 - 1e-9 <= s <= 2.1 + 1e-9 for s in spans)  # between slowdown(2) and slowdown(4)
+    assert max(spans) > 1.5 and 1.05 * tl0.iteration_s < tl.iteration_s < 2.1 * tl0.iteration_s
