@@ -6,7 +6,8 @@ and shares it across its tests, so the suite pays the start-up cost once. Every 
 deadline: a rank that raises, dies or hangs ends the whole pool with an error naming the rank,
 and no process is left behind.
 
-Functions sent to the pool must be importable (module level) so that they pickle by reference.
+Functions sent to the pool must be importable (module level) so that they pickle by reference;
+``run`` pickles every task before sending it, so one that cannot be sent fails at once, named.
 """
 
 from __future__ import annotations
@@ -61,20 +62,52 @@ def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: f
         results.put((rank, "error", traceback.format_exc()))
         return
     results.put((rank, "ready", None))
+    from multiprocessing.reduction import ForkingPickler
+
     while True:
+        raw = tasks.get()
+        if raw is None:
+            break
         try:  # unpickling the task imports its module: an import error is this rank's error too
-            task = tasks.get()
+            task = ForkingPickler.loads(raw)
         except Exception:  # noqa: BLE001
             results.put((rank, "error", traceback.format_exc()))
             continue
-        if task is None:
-            break
         try:
             out = task.fn(*task.args, **task.kwargs)
             results.put((rank, "ok", out))
         except Exception:  # noqa: BLE001
             results.put((rank, "error", traceback.format_exc()))
     dist.destroy_process_group()
+
+
+def _pickled(task: _Task) -> bytes:
+    """The task as the queue would pickle it (ForkingPickler: tensors go by shared memory), pickled
+    here so that a function or argument that cannot be sent fails at once, named (the queue would
+    pickle it in a background thread, print the error there, and leave the ranks waiting for
+    ever). One pickle per rank: a tensor's shared-memory handle can be received only once."""
+    from multiprocessing.reduction import ForkingPickler
+
+    try:
+        return bytes(ForkingPickler.dumps(task))
+    except Exception as e:  # noqa: BLE001 - any pickling failure; find the culprit below
+        parts = [("the function", task.fn)] + [(f"argument {i}", a) for i, a in enumerate(task.args)] + \
+            [(f"keyword argument {k!r}", v) for k, v in task.kwargs.items()]
+        culprit = next((name for name, x in parts if not _picklable(x)), "the task")
+        what = getattr(task.fn, "__qualname__", repr(task.fn))
+        raise UserError(f"RankPool.run({what}): {culprit} cannot be sent to the ranks "
+                        f"({type(e).__name__}: {e}); functions must be defined at module level, "
+                        "and arguments must pickle (no lambdas, local functions, open files or locks)") from None
+
+
+def _picklable(x: Any) -> bool:
+    import pickle
+
+    try:
+        pickle.dumps(x)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 class RankPool:
@@ -94,7 +127,11 @@ class RankPool:
         init_file = os.path.join(self._dir.name, "rendezvous")
         self._tasks = [ctx.Queue() for _ in range(nprocs)]
         self._results: mp.Queue = ctx.Queue()
-        child_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+        # THP_MEM_ALLOC_ENABLE=1: PyTorch's CPU allocator asks for transparent huge pages for tensors
+        # of >= 2 MiB (read at the rank's first allocation, after _worker sets it): a new 200 MB copy
+        # then page-faults ~100 times instead of ~50,000 (docs/realloc.md). Set it to 0 to opt out.
+        child_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                     "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1"), **(env or {})}
         self._procs = [
             ctx.Process(target=_worker, daemon=True, name=f"meshrl-rank{r}",
                         args=(r, nprocs, init_file, self.backend, timeout, self._tasks[r], self._results,
@@ -135,8 +172,9 @@ class RankPool:
         """Run fn(*args, **kwargs) on every rank; return the per-rank results in rank order."""
         if not self._procs:
             raise RankError("the rank pool is closed")
-        for q in self._tasks:
-            q.put(_Task(fn, args, kwargs))
+        raws = [_pickled(_Task(fn, args, kwargs)) for _ in self._tasks]  # all before any is sent
+        for q, raw in zip(self._tasks, raws, strict=True):
+            q.put(raw)
         return self._collect("ok", f"running {getattr(fn, '__name__', fn)}", timeout or self.timeout)
 
     def close(self, force: bool = False) -> None:
