@@ -112,7 +112,8 @@ def move_and_check(cfg: ModelConfig, src: str, dst: str, value_head: bool = Fals
                 for n, s in mover.dst_slices.items())
     return {"exact": exact, "sent": stats.sent, "received": stats.received, "copied": stats.copied,
             "rounds": stats.rounds, "peak_buffer_bytes": stats.peak_buffer_bytes,
-            "pack_s": stats.pack_s, "wait_s": stats.wait_s, "unpack_s": stats.unpack_s, **times}
+            "pack_s": stats.pack_s, "wait_s": stats.wait_s, "unpack_s": stats.unpack_s,
+            "copy_s": stats.copy_s, **times}
 
 
 def p2p_bandwidth(nbytes: int = 256 << 20, iters: int = 4, a: int = 0, b: int = 1,

@@ -2,6 +2,8 @@
 bit for bit, for equal, overlapping and disjoint meshes and TP/PP changes that are not divisors;
 the bytes each rank moves add up to the plan's count."""
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -17,6 +19,7 @@ from meshrl.realloc.synthetic import cut_shards
 from meshrl.runtime.launch import RankPool
 
 TINY = get_preset("tiny")
+THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 # 6 heads and 5 layers: tp3 <-> tp2 and pp3 <-> pp2 do not divide each other; biases, tied head.
 SIX = ModelConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=5,
                   num_attention_heads=6, num_key_value_heads=6, attention_bias=True,
@@ -118,3 +121,43 @@ def test_wrong_source_shards_are_refused_before_any_message(pool):
     msgs = pool.run(_wrong_shapes)
     assert "source shard model.embed_tokens.weight is (264, 128)" in msgs[0]
     assert msgs[2] == ""  # not in either mesh: nothing to check, nothing to do
+
+
+def _fresh_storage(src, dst):
+    """A fresh copy's tensors: one storage, 64-byte aligned, not overlapping, in the right shapes."""
+    rank = dist.get_rank()
+    plan = realloc_plan(shard_map(TINY, Placement.parse(src)), shard_map(TINY, Placement.parse(dst)), 4)
+    out, _ = Reallocator(plan, rank).run(cut_shards(_full(TINY, False, 0), plan.src, rank), dtype=torch.float32)
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in out.values())
+    return ({t.untyped_storage().data_ptr() for t in out.values()},
+            all(a % 64 == 0 for a, _ in spans),
+            all(b <= a for (_, b), (a, _) in zip(spans, spans[1:], strict=False)))
+
+
+def test_a_fresh_copy_is_one_aligned_allocation(pool):
+    for rank, (storages, aligned, disjoint) in enumerate(pool.run(_fresh_storage, "dp2tp2pp1@0-3",
+                                                                  "dp1tp2pp2@2-5")):
+        assert len(storages) == (1 if rank in range(2, 6) else 0) and aligned and disjoint, rank
+
+
+def _huge_page_flag() -> bool:
+    """Whether the mapping that holds a new 8 MiB tensor was madvised for huge pages ('hg')."""
+    t = torch.empty(8 << 20, dtype=torch.uint8)  # kept alive: freeing it unmaps it
+    p, inside = t.data_ptr(), False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):  # a mapping's first line: "lo-hi perms ..."
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= p < hi
+            elif head == "VmFlags:" and inside:
+                return "hg" in line.split()[1:]
+    return False
+
+
+@pytest.mark.skipif(not os.path.exists(THP) or "[never]" in open(THP).read(), reason="no transparent huge pages")
+def test_rank_processes_ask_for_huge_pages(pool):
+    """RankPool sets THP_MEM_ALLOC_ENABLE=1 (unless the user set 0) before the rank's first allocation,
+    so PyTorch reads it."""
+    want = os.environ.get("THP_MEM_ALLOC_ENABLE", "1") != "0"
+    assert pool.run(_huge_page_flag) == [want] * 8
