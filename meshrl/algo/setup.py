@@ -55,11 +55,27 @@ def value_model_like(actor: torch.nn.Module, spec, seed: int, zero_head: bool = 
 
 def reward_optimizer(rm: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
     """AdamW for reward-model training: backbone at optim.critic_lr, score head RM_HEAD_LR_SCALE x that."""
-    head = [p for n, p in rm.named_parameters() if n.startswith("score.")]
-    body = [p for n, p in rm.named_parameters() if not n.startswith("score.")]
-    lr = cfg.optim.critic_lr
-    return torch.optim.AdamW([{"params": body, "lr": lr}, {"params": head, "lr": lr * RM_HEAD_LR_SCALE}],
+    (lr, scales) = role_lr(cfg, "reward")
+    (prefix, scale), = scales
+    head = [p for n, p in rm.named_parameters() if n.startswith(prefix)]
+    body = [p for n, p in rm.named_parameters() if not n.startswith(prefix)]
+    return torch.optim.AdamW([{"params": body, "lr": lr}, {"params": head, "lr": lr * scale}],
                              betas=(0.9, 0.95), weight_decay=cfg.optim.weight_decay, eps=1e-8)
+
+
+def role_lr(cfg: Config, role: str) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """A trained role's learning rate and its (parameter-name prefix, lr multiplier) pairs: the
+    actor at sft.lr (algo=sft) or optim.lr, the critic and the reward model at optim.critic_lr, the
+    reward model's score head at RM_HEAD_LR_SCALE x that. One source for both trainers."""
+    if role in ("critic", "reward"):
+        return cfg.optim.critic_lr, ((("score.", RM_HEAD_LR_SCALE),) if role == "reward" else ())
+    return (cfg.sft.lr if cfg.algo == "sft" else cfg.optim.lr), ()
+
+
+def warms_up(cfg: Config) -> bool:
+    """Whether the run starts with the demo's quick SFT: RL, DPO and the reward model (initialised
+    from the SFT model, as in InstructGPT) on the built-in preset, unless sft.warmup is off."""
+    return cfg.algo != "sft" and cfg.models.actor.path is None and bool(cfg.sft.warmup)
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -76,8 +92,7 @@ def build_roles(cfg: Config, actor: torch.nn.Module) -> dict[str, Role]:
         rm = value_model_like(actor, cfg.models.reward, seed + 3, zero_head=False)
         roles["reward"] = Role(rm, reward_optimizer(rm, cfg))
         return roles
-    lr = cfg.sft.lr if algo == "sft" else cfg.optim.lr
-    roles["actor"] = Role(actor, make_optimizer(actor, lr, cfg.optim.weight_decay))
+    roles["actor"] = Role(actor, make_optimizer(actor, role_lr(cfg, "actor")[0], cfg.optim.weight_decay))
     if algo == "sft":
         return roles
     spec = cfg.models.ref
@@ -86,7 +101,7 @@ def build_roles(cfg: Config, actor: torch.nn.Module) -> dict[str, Role]:
         return roles
     if algo == "ppo":
         critic = value_model_like(actor, cfg.models.critic, seed + 1)
-        roles["critic"] = Role(critic, make_optimizer(critic, cfg.optim.critic_lr, cfg.optim.weight_decay))
+        roles["critic"] = Role(critic, make_optimizer(critic, role_lr(cfg, "critic")[0], cfg.optim.weight_decay))
     rpath = cfg.models.reward.path
     roles["reward"] = Role(frozen_copy(load_pretrained(rpath, value_head=True)) if rpath else None)
     return roles

@@ -135,6 +135,21 @@ def offline_batch(data: Batch, cfg: Config, iteration: int) -> Batch:
     return Batch(data.select(rows).data)
 
 
+def dataset(cfg: Config, tok) -> Batch:
+    """What the iterations draw from: the prompts (RL), SFT sequences (sft) or preference pairs
+    (rm, dpo). The multi-rank engine reads it as this trainer does."""
+    if cfg.algo == "sft":
+        return setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg))
+    if cfg.algo in ("rm", "dpo"):
+        return setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg))
+    return setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg))
+
+
+def iteration_batch(data: Batch, cfg: Config, iteration: int) -> Batch:
+    """The batch iteration ``iteration`` starts from, keyed by (seed, iteration) only."""
+    return rollout_batch(data, cfg, iteration) if cfg.algo in RL_ALGOS else offline_batch(data, cfg, iteration)
+
+
 def chosen_scores(rm: LocalHandle, pairs: Batch, ctx: CallContext) -> torch.Tensor:
     """The reward model's score of the chosen side of each pair [B]."""
     return score_rows(rm, side(pairs, "chosen_"), ctx, Place())["scores"]
@@ -157,27 +172,23 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
     actor = setup.load_policy(cfg, cfg.train.seed)
     # The demo's quick SFT precedes RL, DPO, and the reward model (initialised from the SFT model,
     # as in InstructGPT).
-    if algo in RL_ALGOS + ("dpo", "rm") and cfg.models.actor.path is None and cfg.sft.warmup:
+    if setup.warms_up(cfg):
         result.warmup = warmup_sft(actor, cfg, tok, log, progress)
     roles = setup.build_roles(cfg, actor)
     handles = handles_for(roles, cfg)
     graph = graph_for(algo, cfg.data.samples_per_prompt)
     log(f"{algo}: calls {' -> '.join(graph.names)}")
     prompts = setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg))
-    data = heldout = None
-    if algo == "sft":
-        data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg))
-    elif algo in ("rm", "dpo"):
-        data = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg))
-        if cfg.data.path is None:  # the demo's held-out pairs; a user's JSONL brings no held-out set
-            heldout = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg, heldout=True))
+    data, heldout = dataset(cfg, tok), None
+    if algo in ("rm", "dpo") and cfg.data.path is None:  # the demo's held-out pairs; a user's JSONL has none
+        heldout = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg, heldout=True))
     writer = MetricsWriter(out, tensorboard) if out is not None else None
     keys = CONSOLE_KEYS["rl" if algo in RL_ALGOS else algo]
     bar = tqdm(range(cfg.train.iterations), desc=algo, disable=not progress)
     for it in bar:
         t0 = time.perf_counter()
         ctx = CallContext(cfg, it, tok)
-        batch = rollout_batch(prompts, cfg, it) if algo in RL_ALGOS else offline_batch(data, cfg, it)
+        batch = iteration_batch(data, cfg, it)
         batch, stats = run_graph(graph, handles, batch, ctx)
         record = {"iteration": it, **(rollout_metrics(batch) if algo in RL_ALGOS else {}), **stats}
         if algo in ("sft", "dpo") and cfg.data.path is None:

@@ -49,6 +49,9 @@ def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = Non
     """(plan, a note for the log). ``spec``: a strategy name, 'search', or a plan JSON file."""
     cluster = run_cluster(cfg, world)
     note = ""
+    if spec == "disaggregated" and not any(c.kind == "generate" for c in graph_for(cfg.algo).calls):
+        raise UserError(f"--plan disaggregated gives generation its own devices, but algo={cfg.algo} trains on "
+                        "fixed data and generates nothing; use colocated, interleaved, heuristic or search")
     if spec.endswith(".json") or Path(spec).is_file():
         plan = ExecutionPlan.load(spec)
         if plan.cluster.size != world:
@@ -83,8 +86,9 @@ def check_plan(cfg: Config, plan: ExecutionPlan) -> None:
         if m is not None:
             dims[role] = (m.num_attention_heads, m.num_hidden_layers)
     plan.validate(graph.names, dims if len(dims) == len(graph.roles()) else None, roles)
-    rows = cfg.data.batch_size * max(1, cfg.data.samples_per_prompt)
-    per_mini = rows // max(1, cfg.ppo.mini_batches)
+    offline = cfg.algo in ("sft", "rm", "dpo")  # one optimizer step on the whole batch of sequences or pairs
+    rows = cfg.data.batch_size * (1 if offline else max(1, cfg.data.samples_per_prompt))
+    per_mini = rows if offline else rows // max(1, cfg.ppo.mini_batches)
     for name, cp in plan.calls.items():
         limit = per_mini if graph.call(name).kind == "train" else rows
         if cp.layout.dp > limit:

@@ -50,7 +50,7 @@ def initial_states(cfg: Config, tok, log, warm: bool = True
     every role's weights); the others receive its result."""
     torch.manual_seed(cfg.train.seed)
     actor = setup.load_policy(cfg, cfg.train.seed)
-    if warm and dist.get_rank() == 0 and cfg.models.actor.path is None and cfg.sft.warmup:
+    if warm and dist.get_rank() == 0 and setup.warms_up(cfg):
         from ..algo.trainer import warmup_sft
 
         warmup_sft(actor, cfg, tok, log, progress=False)
@@ -65,9 +65,10 @@ def initial_states(cfg: Config, tok, log, warm: bool = True
 
 
 def adamw_for(cfg: Config, role: str) -> AdamWConfig:
-    lr = cfg.optim.critic_lr if role in VALUE_ROLES else cfg.optim.lr
+    """The single-process trainer's optimizer settings for a trained role (meshrl/algo/setup.py)."""
+    lr, scales = setup.role_lr(cfg, role)
     return AdamWConfig(lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=cfg.optim.weight_decay,
-                       max_grad_norm=cfg.optim.grad_clip)
+                       max_grad_norm=cfg.optim.grad_clip, lr_scales=scales)
 
 
 @dataclass

@@ -1,0 +1,72 @@
+"""SFT, reward-model and DPO training under the multi-rank runtime give the single-process
+trainer's numbers.
+
+On 2 gloo ranks, 2 iterations of each algorithm under the colocated plan and one other (SFT:
+heuristic, tp=2; RM: a hand-made dp=2 plan with 2 micro-batches, so that pairs are split across
+replicas and ZeRO shards the score head's faster learning rate; DPO: interleaved, the reference on
+one rank and the actor on the other, so ref_inf's outputs are transferred) agree with
+``meshrl.algo.trainer.train`` on every figure the runtime reports (sft/*, rm/*, dpo/*: loss,
+accuracy, margin, grad_norm) to a relative difference of 1e-5, taken against
+max(|a|, |b|, 0.1) as in test_plans_equal.py. The trainer's evaluation figures (reward/mean of a
+sampled answer, rm/heldout_accuracy) are its own, not computed by the runtime.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from meshrl.algo.trainer import train
+from meshrl.config import load_config
+from meshrl.errors import UserError
+from meshrl.observe.metrics import deterministic_part
+from meshrl.parallel.mesh import Layout, Mesh
+from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
+from meshrl.runtime.launch import RankPool
+from meshrl.runtime.plans import check_plan, resolve_plan
+from meshrl.runtime.run import rank_main
+
+WORLD, RTOL, FLOOR = 2, 1e-5, 0.1
+COMMON = ["data.batch_size=8", "data.gen_len=6", "train.iterations=2", "sft.steps=5", "sft.batch_size=8",
+          "ppo.micro_batches=2"]
+PREFIX = {"sft": "sft/", "rm": "rm/", "dpo": "dpo/"}
+EVAL = ("reward/mean", "rm/heldout_accuracy")  # the trainer's evaluation figures
+
+
+def other_plan(cfg) -> ExecutionPlan:
+    if cfg.algo == "sft":
+        return resolve_plan(cfg, "heuristic", WORLD)[0]
+    if cfg.algo == "dpo":
+        return resolve_plan(cfg, "interleaved", WORLD)[0]
+    plan = ExecutionPlan(Cluster(1, WORLD), {"reward_train": CallPlan(Mesh.range(0, 2), Layout(2, 1, 1), 2)}, "dp2")
+    check_plan(cfg, plan)
+    return plan
+
+
+@pytest.mark.parametrize("algo", ["sft", "rm", "dpo"])
+def test_offline_algorithms_give_the_single_process_metrics(algo):
+    cfg = load_config(None, [f"algo={algo}"] + COMMON)
+    torch.set_num_threads(1)
+    want = train(cfg, None, progress=False, log=lambda _: None, tensorboard=False).metrics
+    plans = {"colocated": resolve_plan(cfg, "colocated", WORLD)[0], "other": other_plan(cfg)}
+    assert plans["other"].calls != plans["colocated"].calls
+    for name, plan in plans.items():
+        with RankPool(WORLD, timeout=300) as pool:  # one job per set of processes, as meshrl train runs it
+            got = pool.run(rank_main, cfg, plan, None, quiet=True)[0]
+        assert len(got) == len(want)
+        worst, where = 0.0, ""
+        for a, b in zip(want, got, strict=True):
+            a, b = deterministic_part(a), deterministic_part(b)
+            assert {k for k in a if k.startswith(PREFIX[algo]) and k not in EVAL} <= set(b), \
+                f"{name}: missing {set(a) - set(b)}"
+            for k in b:
+                d = abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), FLOOR)
+                worst, where = (d, f"{k} at iteration {a['iteration']}") if d > worst else (worst, where)
+                assert d <= RTOL, f"{algo}/{plan.strategy} iteration {a['iteration']}: {k} {a[k]} vs {b[k]}"
+        print(f"{algo} {plan.strategy}: worst scaled diff {worst:.1e} ({where})")
+
+
+def test_disaggregated_is_refused_for_offline_algorithms():
+    for algo in ("sft", "rm", "dpo"):
+        with pytest.raises(UserError, match="generates nothing"):
+            resolve_plan(load_config(None, [f"algo={algo}"]), "disaggregated", WORLD)
