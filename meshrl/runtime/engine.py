@@ -26,7 +26,7 @@ from ..algo.batch import Batch
 from ..algo.common import CallContext
 from ..algo.graph import Graph, graph_for
 from ..algo.registry import tensor_keys
-from ..algo.trainer import rollout_batch, rollout_metrics
+from ..algo.trainer import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..config import Config
 from ..parallel.groups import GroupCache
 from ..plan.execution_plan import ExecutionPlan
@@ -56,7 +56,7 @@ class Engine:
             status.write_text("building the models")
         self.graph: Graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
         self.tok = setup.tokenizer_for(cfg)
-        self.prompts = setup.encode_prompt_batch(cfg, self.tok, setup.prompt_records(cfg))
+        self.data = dataset(cfg, self.tok)  # prompts (RL), SFT sequences or preference pairs
         self.roles: dict[str, RoleModels] = build_roles(cfg, self.graph, plan, initial_states(cfg, self.tok, log, warm),
                                                         cache, timeout_s)
         self.store: dict[int, Batch] = {}
@@ -145,7 +145,7 @@ class Engine:
 
     def _batch(self, t: int) -> Batch:
         if t not in self.store:
-            self.store[t] = rollout_batch(self.prompts, self.cfg, t)
+            self.store[t] = iteration_batch(self.data, self.cfg, t)
         return self.store[t]
 
     def _call(self, step: Step) -> None:
@@ -171,7 +171,7 @@ class Engine:
         if self.rank == report_rank(self.plan, call.name):
             lg = self.logs.setdefault(t, RankLog())
             lg.stats.update(stats)
-            if call.role == "actor":
+            if call.role == "actor" and self.cfg.algo in RL_ALGOS:
                 lg.stats.update(rollout_metrics(batch))
 
     def _transfer(self, step: Step) -> None:
