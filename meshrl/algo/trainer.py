@@ -39,6 +39,11 @@ CONSOLE_KEYS = {
 }
 
 
+def console_keys(algo: str) -> tuple[str, ...]:
+    """The figures of a run's one console line per iteration."""
+    return CONSOLE_KEYS["rl" if algo in RL_ALGOS else algo]
+
+
 @dataclass
 class RunResult:
     metrics: list[dict] = field(default_factory=list)
@@ -183,7 +188,7 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
     if algo in ("rm", "dpo") and cfg.data.path is None:  # the demo's held-out pairs; a user's JSONL has none
         heldout = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg, heldout=True))
     writer = MetricsWriter(out, tensorboard) if out is not None else None
-    keys = CONSOLE_KEYS["rl" if algo in RL_ALGOS else algo]
+    keys = console_keys(algo)
     bar = tqdm(range(cfg.train.iterations), desc=algo, disable=not progress)
     for it in bar:
         t0 = time.perf_counter()
