@@ -201,7 +201,8 @@ def sharing(problem: Problem) -> Sharing | None:
 
 
 def schedule(events: list[Event], n_devices: int, share: Sharing | None = None) -> float:
-    """List scheduling in the global order; fills start/end, returns the makespan."""
+    """List scheduling in the global order; fills start/end, returns the makespan. With ``share``
+    (ranks sharing a node's cores) the steps' speeds follow the measured slowdown curve."""
     if share is not None:
         return _schedule_shared(events, n_devices, share)
     free = [0.0] * n_devices
