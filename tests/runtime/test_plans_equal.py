@@ -64,16 +64,20 @@ def assert_same(want: list[dict], got: list[dict], label: str) -> float:
     return worst
 
 
+@pytest.fixture(scope="module")
+def pool():
+    """One set of 4 ranks for every plan of both algorithms: jobs run one after another in the same
+    processes and share their process groups (meshrl/runtime/run.py make_groups)."""
+    with RankPool(WORLD, timeout=300) as p:
+        yield p
+
+
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
-def test_every_plan_gives_the_single_process_metrics(algo):
+def test_every_plan_gives_the_single_process_metrics(algo, pool):
     cfg = config(algo)
     torch.set_num_threads(1)
     want = train(cfg, None, progress=False, log=lambda _: None, tensorboard=False).metrics
-    plans = plans_for(cfg)
-    for name, plan in plans.items():
-        # One job per set of processes, as `meshrl train --nprocs` runs it: a second job in the same
-        # processes hangs on gloo (see the session note; the group bookkeeping is per process).
-        with RankPool(WORLD, timeout=300) as pool:
-            got = pool.run(rank_main, cfg, plan, None, quiet=True)[0]
+    for name, plan in plans_for(cfg).items():
+        got = pool.run(rank_main, cfg, plan, None, quiet=True)[0]
         worst = assert_same(want, got, f"{algo}/{name}")
         print(f"{algo} {name}: worst scaled diff {worst:.1e}")
