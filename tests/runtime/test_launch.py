@@ -1,12 +1,14 @@
 """The rank pool: real gloo ranks, results in rank order, failures named, hangs bounded."""
 
 import os
+import threading
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from meshrl.errors import UserError
 from meshrl.runtime.launch import RankError, RankPool
 
 
@@ -48,6 +50,26 @@ def test_failure_names_the_rank_and_leaves_no_process():
             for _ in range(50):
                 os.kill(pid, 0)
                 time.sleep(0.1)
+
+
+def _echo(*args, **kwargs):
+    return args, kwargs
+
+
+def test_an_unpicklable_task_fails_at_once_naming_the_culprit():
+    """A lambda argument used to sit in the queue's feeder thread (error printed there) while the
+    pool waited for the whole timeout; now run() refuses it at once and the pool stays usable."""
+    with RankPool(2, timeout=60) as pool:
+        t0 = time.monotonic()
+        with pytest.raises(UserError, match=r"RankPool.run\(_echo\): argument 1 cannot be sent to the ranks"):
+            pool.run(_echo, 1, lambda x: x)
+        with pytest.raises(UserError, match=r"keyword argument 'lock' cannot be sent"):
+            pool.run(_echo, lock=threading.Lock())
+        with pytest.raises(UserError, match=r"RankPool.run\(.*<lambda>\): the function cannot be sent"):
+            pool.run(lambda: 0)
+        assert time.monotonic() - t0 < 5
+        got = pool.run(_echo, 2, k=torch.ones(2))
+        assert [(a, kw["k"].tolist()) for a, kw in got] == [((2,), [1.0, 1.0])] * 2
 
 
 def test_hang_is_bounded():
