@@ -198,10 +198,8 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
         record = {"iteration": it, **(rollout_metrics(batch) if algo in RL_ALGOS else {}), **stats}
         if algo in ("sft", "dpo") and cfg.data.path is None:
             record.update(eval_policy(handles["actor"], prompts, cfg, tok, it))
-        if algo == "rm":
-            record["reward/mean"] = float(chosen_scores(handles["reward"], batch, ctx).mean())
-            if heldout is not None and (it % 10 == 0 or it == cfg.train.iterations - 1):
-                record["rm/heldout_accuracy"] = rm_accuracy(handles["reward"], heldout, ctx)
+        if algo == "rm" and heldout is not None and (it % 10 == 0 or it == cfg.train.iterations - 1):
+            record["rm/heldout_accuracy"] = rm_accuracy(handles["reward"], heldout, ctx)
         record["time/iteration"] = time.perf_counter() - t0
         record["perf/tokens_per_s"] = float(batch.tokens().sum()) / record["time/iteration"]
         result.metrics.append(record)

@@ -89,9 +89,10 @@ def sft_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> d
 
 def rm_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> dict[str, float]:
     """Bradley-Terry: -log sigmoid(r(chosen) - r(rejected)) over the batch's pairs; -> rm/loss,
-    rm/accuracy, rm/grad_norm."""
+    rm/accuracy, rm/grad_norm, and reward/mean: the updated model's mean score of the chosen side."""
     denom = float(len(batch))
-    rows, micro = pair_rows(_replica_part(batch, place), place.micro_batches)
+    part = _replica_part(batch, place)
+    rows, micro = pair_rows(part, place.micro_batches)
     stats = StatSum()
 
     def loss_fn(out: HeadOutputs, mb) -> torch.Tensor:
@@ -103,7 +104,15 @@ def rm_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> di
         return loss
 
     h.forward_backward(rows, loss_fn, micro)
-    return _finish(h, stats, place, "rm")
+    stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
+    chosen = side(part, "chosen_").data
+    scores = h.values(chosen["input_ids"], chosen["attention_mask"], min(place.micro_batches, len(part)))
+    if not place.holds_output:
+        return {}
+    stats.add("chosen_score", _last_values(scores, chosen).sum() / denom)
+    out = {f"rm/{k}": v for k, v in _reduce(stats, place).items()}
+    out["reward/mean"] = out.pop("rm/chosen_score")
+    return out
 
 
 @torch.no_grad()
