@@ -9,6 +9,12 @@ the directory (one rename, atomic on POSIX), then deletes older checkpoints. A c
 leaves either the previous complete checkpoint or the new one, never a half-written one that loads.
 The data position is the iteration: every choice of data is keyed by (seed, iteration).
 Only home placements are saved: every copy is refreshed by a reallocation step before its next use.
+
+With async generation the generation of iteration t+1 runs before update t, from weights one update
+old, so the checkpoint after t also holds what that generation left on each rank (``ahead``: its
+output rows on the dp holders, and the rank's log of t+1 so far); meta.json names the iteration
+(``"ahead": t+1``). Resume restores them and skips that generation (meshrl/runtime/run.py). They
+are written in the same rank files, so they are as atomic as the weights.
 """
 
 from __future__ import annotations
@@ -43,8 +49,10 @@ def _rank_state(roles: dict[str, RoleModels]) -> dict:
 
 
 def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels], plan_json: str,
-                    keep: int = 1) -> Path:
-    """Collective over all ranks: write the state after ``iteration``; returns the final directory."""
+                    keep: int = 1, ahead: dict | None = None) -> Path:
+    """Collective over all ranks: write the state after ``iteration``; returns the final directory.
+    ``ahead``: this rank's state of iteration+1 computed already (async generation; given on every
+    rank or on none), restored by ``load_checkpoint``."""
     out = Path(out)
     tmp, final = out / ".ckpt-tmp", out / f"{PREFIX}{iteration:06d}"
     rank = dist.get_rank()
@@ -52,11 +60,16 @@ def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    torch.save(_rank_state(roles), tmp / f"rank{rank}.pt")
+    state = _rank_state(roles)
+    if ahead is not None:
+        state["ahead"] = ahead
+    torch.save(state, tmp / f"rank{rank}.pt")
     dist.barrier()
     if rank == 0:
         (tmp / "plan.json").write_text(plan_json)
-        (tmp / "meta.json").write_text(json.dumps({"iteration": iteration, "world": dist.get_world_size()}))
+        meta = {"iteration": iteration, "world": dist.get_world_size(),
+                "ahead": iteration + 1 if ahead is not None else None}
+        (tmp / "meta.json").write_text(json.dumps(meta))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         old = sorted((p for p in out.glob(f"{PREFIX}*") if p != final), key=lambda p: p.name)
@@ -66,8 +79,9 @@ def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels
     return final
 
 
-def load_checkpoint(path: str | Path, roles: dict[str, RoleModels]) -> int:
-    """Restore this rank's home shards, optimizer state and RNG; returns the saved iteration."""
+def load_checkpoint(path: str | Path, roles: dict[str, RoleModels]) -> tuple[int, dict | None]:
+    """Restore this rank's home shards, optimizer state and RNG; returns the saved iteration and the
+    rank's ``ahead`` state of the next iteration (None when the checkpoint has none)."""
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text())
     if meta["world"] != dist.get_world_size():
@@ -82,7 +96,10 @@ def load_checkpoint(path: str | Path, roles: dict[str, RoleModels]) -> int:
         pm.load_local_state(saved["params"])
         if saved["optim"] is not None:
             pm.optimizer.load_state_dict(saved["optim"])
-    return int(meta["iteration"])
+    if meta.get("ahead") is not None and "ahead" not in state:
+        raise RuntimeError(f"checkpoint {path}: meta.json says iteration {meta['ahead']} was generated "
+                           f"ahead, but rank{dist.get_rank()}.pt does not hold it")
+    return int(meta["iteration"]), state.get("ahead")
 
 
 def export_actor(roles: dict[str, RoleModels], out: str | Path, tok=None) -> Path | None:

@@ -64,10 +64,12 @@ class Engine:
         self.logs: dict[int, RankLog] = {}
 
     # ---- the walk -------------------------------------------------------------------------
-    def run(self, start: int, stop: int, on_end: Callable[[int, list[RankLog] | None], None]) -> None:
+    def run(self, start: int, stop: int, on_end: Callable[[int, list[RankLog] | None], None],
+            ahead: bool = False) -> None:
         """Iterations start..stop-1. ``on_end(t, logs)`` runs on every rank after iteration t, with
-        all ranks' logs on rank 0 (None elsewhere)."""
-        for step in steps(self.graph, self.plan, start, stop):
+        all ranks' logs on rank 0 (None elsewhere). ``ahead``: iteration start's generation (async)
+        is already in ``held`` (restored from a checkpoint), so it is not run again."""
+        for step in steps(self.graph, self.plan, start, stop, ahead):
             if self.rank not in step.ranks:
                 continue
             self._mark(step)

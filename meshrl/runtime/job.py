@@ -71,8 +71,8 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
         if ck is None:
             raise UserError(f"--resume: no checkpoint in {out}")
         saved = ExecutionPlan.load(ck / "plan.json")
-        if saved.to_dict()["calls"] != plan.to_dict()["calls"]:
-            plan = saved  # resume under the plan the checkpoint was written with
+        if saved.to_dict()["calls"] != plan.to_dict()["calls"] or saved.async_gen != plan.async_gen:
+            plan = saved  # resume under the plan the checkpoint was written with (async: its batch ahead)
         start = int(ck.name.split("-")[1]) + 1
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(plan.to_json())

@@ -16,6 +16,7 @@ from ..observe.trace import Trace
 from ..parallel.groups import GroupCache
 from ..plan.execution_plan import ExecutionPlan
 from .engine import Engine, RankLog
+from .schedule import generated_ahead
 
 _CACHE: GroupCache | None = None
 # Groups made by all ranks together, for the life of the process (members get the group, others None):
@@ -109,6 +110,26 @@ def _complete_records(path: Path) -> list[dict]:
     return out
 
 
+def ahead_state(engine: Engine, t: int) -> dict:
+    """What iteration t's generation, run ahead of time (async), left on this rank: the output rows
+    of every call of t it holds ({call: {"data", "index"}}) and the rank's log of t so far."""
+    import dataclasses
+
+    held = {name: {"data": b.data, "index": b.index} for (name, it), b in engine.held.items() if it == t}
+    log = engine.logs.get(t)
+    return {"held": held, "log": dataclasses.asdict(log) if log is not None else None}
+
+
+def restore_ahead(engine: Engine, state: dict, t: int) -> None:
+    """Put back what ``ahead_state`` saved, as if iteration t's generation had just run here."""
+    from ..algo.batch import Batch
+
+    for name, b in state["held"].items():
+        engine.held[(name, t)] = Batch(b["data"], b["index"])
+    if state["log"] is not None:
+        engine.logs[t] = RankLog(**state["log"])
+
+
 def record_of(t: int, logs: list[RankLog], wall_s: float) -> dict:
     """One metrics record: the reported stats, then timings (slowest rank per step) under time/.
 
@@ -148,10 +169,15 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     log: Callable[[str], None] = print if rank == 0 and not quiet else (lambda _: None)
     status = Path(status_dir) / f"rank{rank}" if status_dir else None
     engine = Engine(cfg, plan, process_cache(timeout_s), timeout_s, log, status, warm=start == 0)
+    ahead = False  # the generation of iteration `start` ran before the checkpoint (async): skip it
     if start > 0:
         ck = latest_checkpoint(out)
-        if ck is None or load_checkpoint(ck, engine.roles) != start - 1:
+        saved, early = load_checkpoint(ck, engine.roles) if ck is not None else (None, None)
+        if saved != start - 1:
             raise RuntimeError(f"rank {rank}: no checkpoint of iteration {start - 1} in {out}")
+        if early is not None:
+            restore_ahead(engine, early, start)
+            ahead = True
     records: list[dict] = []
     trace = Trace(dist.get_world_size(), f"meshrl {cfg.algo} / {plan.strategy}")
     writer = None
@@ -167,7 +193,9 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
         if logs is not None:
             report(t, logs)
         if out is not None and ((t + 1) % save_every == 0 or t + 1 == cfg.train.iterations):
-            save_checkpoint(out, t, engine.roles, plan.to_json())  # after the metrics it covers
+            early = generated_ahead(engine.graph, plan, t, cfg.train.iterations)
+            save_checkpoint(out, t, engine.roles, plan.to_json(),  # after the metrics it covers
+                            ahead=ahead_state(engine, t + 1) if early else None)
 
     def report(t: int, logs: list[RankLog]) -> None:
         now = time.time()
@@ -194,7 +222,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
         log = bar.write
     dist.barrier()  # iteration timing starts when every rank has built its models
     last[0] = time.time()
-    engine.run(start, cfg.train.iterations, on_end)
+    engine.run(start, cfg.train.iterations, on_end, ahead=ahead)
     if bar is not None:
         bar.close()
     if writer is not None:

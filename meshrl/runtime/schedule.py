@@ -94,16 +94,22 @@ def _call_steps(graph: Graph, plan: ExecutionPlan, c: Call, t: int, homes: dict[
     return out
 
 
-def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int) -> list[Step]:
-    """The global order of steps of iterations ``start`` .. ``stop - 1`` (see the module doc)."""
+def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, ahead: bool = False) -> list[Step]:
+    """The global order of steps of iterations ``start`` .. ``stop - 1`` (see the module doc).
+
+    ``ahead`` (async only): the generation of iteration ``start`` already ran before a checkpoint
+    and its outputs were restored from it, so its steps are left out (resume skips them)."""
+    if ahead and not plan.async_gen:
+        raise ValueError("ahead: only an async plan generates an iteration ahead")
     homes = home_calls(graph)
     have: dict[tuple[str, int], set[int]] = {}
-    gen = [c for c in graph.calls if c.kind == "generate" and not graph.parents(c.name)]
+    gen = _first_generations(graph)
     rest = [c for c in graph.calls if c not in gen]
     out: list[Step] = []
     if plan.async_gen and start < stop:
         for c in gen:
-            out += _call_steps(graph, plan, c, start, homes, have)
+            first = _call_steps(graph, plan, c, start, homes, have)  # also marks who holds its outputs
+            out += [] if ahead else first
     for t in range(start, stop):
         if not plan.async_gen:
             for c in gen:
@@ -115,6 +121,17 @@ def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int) -> list[Step
             out += _call_steps(graph, plan, c, t, homes, have)
         out.append(Step("end", t, "", tuple(range(plan.cluster.size))))
     return out
+
+
+def generated_ahead(graph: Graph, plan: ExecutionPlan, t: int, stop: int) -> list[str]:
+    """The calls of iteration t+1 that ran before the end of iteration t (async: the parentless
+    generation calls, unless t is the last iteration); their outputs are part of t's checkpoint."""
+    return [c.name for c in _first_generations(graph)] if plan.async_gen and t + 1 < stop else []
+
+
+def _first_generations(graph: Graph) -> list[Call]:
+    """The generation calls that need no other call's output (async runs them an iteration ahead)."""
+    return [c for c in graph.calls if c.kind == "generate" and not graph.parents(c.name)]
 
 
 def report_rank(plan: ExecutionPlan, call: str) -> int:

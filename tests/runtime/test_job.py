@@ -32,8 +32,9 @@ def _tagged_pids(tag: str) -> list[int]:
     return out
 
 
-def _start(out: Path, extra: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "meshrl.cli", "train", *ARGS, *extra, "--out", str(out)],
+def _start(out: Path, extra: list[str], env: dict[str, str], plan: str = "disaggregated") -> subprocess.Popen:
+    args = [plan if a == "disaggregated" else a for a in ARGS]
+    return subprocess.Popen([sys.executable, "-m", "meshrl.cli", "train", *args, *extra, "--out", str(out)],
                             env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
 
@@ -63,16 +64,32 @@ def _final_params(out: Path) -> dict[str, torch.Tensor]:
     return params
 
 
+def _async_plan(tmp: Path) -> str:
+    """The 2-rank disaggregated plan with async generation (iteration t+1 generated during t)."""
+    from meshrl.config import load_config
+    from meshrl.runtime.plans import resolve_plan
+
+    path = tmp / "async_plan.json"
+    if not path.exists():
+        path.write_text(resolve_plan(load_config(None, ARGS[:6]), "disaggregated", 2, async_gen=1)[0].to_json())
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("trial", range(int(os.environ.get("MESHRL_RESUME_TRIALS", "2"))))
-def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factory, trial):
-    ref_dir = tmp_path_factory.getbasetemp() / "uninterrupted"
+def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factory, trial, mode):
+    """``async``: the checkpoint after iteration t also holds the batch of t+1 generated during t
+    (from weights one update old); resume must use it, not generate it again."""
+    base = tmp_path_factory.getbasetemp()
+    plan = _async_plan(base) if mode == "async" else "disaggregated"
+    ref_dir = base / f"uninterrupted-{mode}"
     if not ref_dir.exists():
-        proc = _start(ref_dir, [], {})
+        proc = _start(ref_dir, [], {}, plan)
         assert proc.wait(timeout=600) == 0, proc.stdout.read()
     want = _final_params(ref_dir)
-    out = tmp_path_factory.mktemp(f"killed{trial}")
+    out = tmp_path_factory.mktemp(f"killed-{mode}{trial}")
     tag = f"MESHRL_TEST_{uuid.uuid4().hex}"
-    proc = _start(out, [], {tag: "1"})
+    proc = _start(out, [], {tag: "1"}, plan)
     # Every fifth trial is killed at a random moment of start-up (no checkpoint yet: start again);
     # the others at a random moment after the first checkpoint (mid-iteration, mid-save, or done).
     rng, t0 = random.Random(trial), time.time()
@@ -89,15 +106,16 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
         proc.wait()
     time.sleep(1.0)
     assert _tagged_pids(tag) == []
-    resumed = any((out / p).is_dir() for p in os.listdir(out) if p.startswith("ckpt-")) if out.exists() else False
     done = sorted(p for p in os.listdir(out) if p.startswith("ckpt-")) if out.exists() else []
-    print(f"trial {trial}: SIGKILL after {delay:.1f} s; newest checkpoint: {done[-1] if done else 'none'}")
-    proc = _start(out, ["--resume"] if resumed else [], {})
+    meta = json.loads((out / done[-1] / "meta.json").read_text()) if done else {}
+    print(f"{mode} trial {trial}: SIGKILL after {delay:.1f} s; newest checkpoint: {done[-1] if done else 'none'}"
+          f"{' (with iteration %d generated ahead)' % meta['ahead'] if meta.get('ahead') else ''}")
+    proc = _start(out, ["--resume"] if done else [], {}, plan)
     text, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, text
     got = _final_params(out)
     assert sorted(got) == sorted(want)
-    assert all(torch.equal(got[k], want[k]) for k in want), f"trial {trial} (killed after {delay:.1f} s)"
+    assert all(torch.equal(got[k], want[k]) for k in want), f"{mode} trial {trial} (killed after {delay:.1f} s)"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in lines] == [0, 1, 2]
 

@@ -49,6 +49,19 @@ def test_async_generation_runs_one_iteration_ahead():
     assert ("actor_gen", 3) not in names
 
 
+def test_resume_after_an_async_checkpoint_skips_the_generation_made_ahead():
+    """Resuming at iteration 1 from the checkpoint of 0 (which holds iteration 1's batch): the run
+    continues with exactly the steps the uninterrupted run had after the end of iteration 0."""
+    _, problem = _problem("ppo", async_gen=1)
+    plan = build(problem, "disaggregated")
+    whole = steps(problem.graph, plan, 0, 3)
+    after = whole[whole.index(next(s for s in whole if s.kind == "end" and s.iteration == 0)) + 1:]
+    assert steps(problem.graph, plan, 1, 3, ahead=True) == after
+    assert steps(problem.graph, plan, 1, 3)[:2] != after[:2]  # without ahead it generates 1 again
+    with pytest.raises(ValueError, match="only an async plan"):
+        steps(problem.graph, build(_problem("ppo")[1], "disaggregated"), 1, 3, ahead=True)
+
+
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_every_rank_of_a_call_has_its_inputs_first(algo):
     """Replaying the transfers: each rank of a call has every parent's whole output before it runs,
