@@ -73,13 +73,14 @@ def linear_fit(points: list[tuple[float, float]], slope_key: str = "sec_per_unit
 
 
 def _layer_pair(f1, f2, reps: int, retries: int = 2) -> tuple[float, float]:
-    """``pair_medians`` of a 1-layer (f1) and a 2-layer (f2) model. A 2-layer model timed no
-    slower than the 1-layer one is noise (other tenants, seen at load averages over 10 here: it made
-    a per-layer cost of zero), so such a pair is timed again, with twice the repetitions, up to
-    ``retries`` times; the last timing stands."""
+    """``pair_medians`` of a 1-layer (f1) and a 2-layer (f2) model. The per-layer cost t2 - t1 and
+    the fixed cost 2 t1 - t2 (embedding, head, log-probs) are both positive; a pair that makes
+    either <= 0 is noise (other tenants: at load averages over 10 here it gave per-layer and fixed
+    costs of zero), so it is timed again, with twice the repetitions, up to ``retries`` times; the
+    last timing stands."""
     t1, t2 = pair_medians(f1, f2, reps)
     for _ in range(retries):
-        if t2 > t1:
+        if t1 < t2 < 2 * t1:
             break
         reps *= 2
         t1, t2 = pair_medians(f1, f2, reps)

@@ -87,16 +87,18 @@ def test_measured_layer_costs_drive_the_cpu_estimate():
 
 
 def test_a_two_layer_model_timed_faster_than_one_layer_is_timed_again():
-    """Noise that makes the 2-layer model look faster (a per-layer cost <= 0) is re-measured."""
+    """Noise that makes the 2-layer model look faster (a per-layer cost <= 0), or more than twice as
+    slow (a fixed cost <= 0), is re-measured."""
     import time
 
     from meshrl.runtime.profile_layers import _layer_pair
 
-    calls = {"n": 0}
+    for first in (0.005, 0.06):  # one layer takes 20 ms; two take 5 ms, or 60 ms, in the first round
+        calls = {"n": 0}
 
-    def two_layers() -> None:  # faster than one layer for its first round only (warm-up + 3 reps)
-        calls["n"] += 1
-        time.sleep(0.001 if calls["n"] <= 4 else 0.006)
+        def two_layers(first=first, calls=calls) -> None:  # its first round: warm-up + 3 reps
+            calls["n"] += 1
+            time.sleep(first if calls["n"] <= 4 else 0.03)
 
-    t1, t2 = _layer_pair(lambda: time.sleep(0.003), two_layers, 3)
-    assert t2 > t1 and calls["n"] > 4
+        t1, t2 = _layer_pair(lambda: time.sleep(0.02), two_layers, 3)
+        assert t1 < t2 < 2 * t1 and calls["n"] > 4
