@@ -9,7 +9,8 @@
   deadline; a rank's seconds per step are the window up to its last step that ended inside it, over
   the steps (so every counted step ran while all k were busy). slowdown(k) = the median rank's
   seconds per step / the seconds per step of one rank alone, measured right before and after (the
-  mean of the two), so that drift of the machine's speed between the two cancels.
+  mean of the two), so that drift of the machine's speed between the two cancels; the curve is the
+  median over ROUNDS such passes over every k (other tenants' bursts hit one pass, not three).
 
 The simulator (meshrl/plan/simulator.py) stretches steps that run at the same time on one host by
 this curve; nothing in it is assumed but processor sharing beyond the largest k measured.
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from .launch import RankPool
 
 WORK = (4, 32)  # sequences x tokens per step of the tiny model: ~30 ms of forward + backward alone
+ROUNDS = 3  # passes over every k; the curve takes the median (--quick: one)
 MAX_RANKS = 8  # the largest k measured; beyond it the simulator assumes processor sharing
 _state: dict = {}
 
@@ -89,15 +91,17 @@ def measure_cores(quick: bool, timeout_s: float = 120.0) -> dict:
     cores = usable_cores()
     ks = contention_ranks(cores, quick)
     window = 0.3 if quick else 1.0
+    rounds: dict[int, list[float]] = {k: [] for k in ks}
     with RankPool(max(ks), backend="gloo", timeout=timeout_s, start_timeout=timeout_s) as pool:
         threads = pool.run(_setup)[0]
         alone = [pool.run(_busy, 1, window)[0]]
-        slowdown: dict[str, float] = {"1": 1.0}
-        for k in ks:
-            times = [t for t in pool.run(_busy, k, window) if t is not None]
-            alone.append(pool.run(_busy, 1, window)[0])
-            slowdown[str(k)] = statistics.median(times) / ((alone[-2] + alone[-1]) / 2)
+        for _ in range(1 if quick else ROUNDS):
+            for k in ks:
+                times = [t for t in pool.run(_busy, k, window) if t is not None]
+                alone.append(pool.run(_busy, 1, window)[0])
+                rounds[k].append(statistics.median(times) / ((alone[-2] + alone[-1]) / 2))
+    slowdown = {"1": 1.0, **{str(k): statistics.median(v) for k, v in rounds.items()}}
     return {"cores": cores, "threads_per_rank": threads,
             "contention": {"work": f"tiny model forward + backward on {WORK[0]} x {WORK[1]} tokens per rank",
                            "window_s": window, "seconds_per_step_alone": statistics.median(alone),
-                           "slowdown": slowdown}}
+                           "slowdown": slowdown, "rounds": {str(k): v for k, v in rounds.items()}}}
