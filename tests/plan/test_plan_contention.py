@@ -98,3 +98,17 @@ def test_interleaved_halves_slow_each_other_only_while_both_compute(tmp_path):
     spans = [(e.end - e.start) / e.duration for e in tl.events if e.kind == "call" and e.duration > 0 and e.devices]
     assert all(1.05 - 1e-9 <= s <= 2.1 + 1e-9 for s in spans)  # between slowdown(2) and slowdown(4)
     assert max(spans) > 1.5 and 1.05 * tl0.iteration_s < tl.iteration_s < 2.1 * tl0.iteration_s
+
+
+def test_validate_predicts_each_call_as_run(tmp_path):
+    """`meshrl plan --validate` compares a call's measured time with its simulated time as run."""
+    from meshrl.plan.validate import predicted_steps, steady_iteration_s
+
+    shared = cpu_problem(tmp_path, SHARED)
+    alone = cpu_problem(tmp_path, PROFILE)
+    plan = colocated(alone)
+    pred, pred0 = predicted_steps(shared, plan), predicted_steps(alone, plan)
+    for name, cp in plan.calls.items():
+        assert pred0[name][1] == pytest.approx(alone.call_estimate(name, cp).time_s)
+        assert pred[name][1] == pytest.approx(pred0[name][1] * 2.1)
+    assert steady_iteration_s(shared, plan) == pytest.approx(steady_iteration_s(alone, plan) * 2.1)
