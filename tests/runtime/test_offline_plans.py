@@ -43,16 +43,22 @@ def other_plan(cfg) -> ExecutionPlan:
     return plan
 
 
+@pytest.fixture(scope="module")
+def pool():
+    """One set of 2 ranks for the six jobs, run one after another (as in test_plans_equal.py)."""
+    with RankPool(WORLD, timeout=300) as p:
+        yield p
+
+
 @pytest.mark.parametrize("algo", ["sft", "rm", "dpo"])
-def test_offline_algorithms_give_the_single_process_metrics(algo):
+def test_offline_algorithms_give_the_single_process_metrics(algo, pool):
     cfg = load_config(None, [f"algo={algo}"] + COMMON)
     torch.set_num_threads(1)
     want = train(cfg, None, progress=False, log=lambda _: None, tensorboard=False).metrics
     plans = {"colocated": resolve_plan(cfg, "colocated", WORLD)[0], "other": other_plan(cfg)}
     assert plans["other"].calls != plans["colocated"].calls
     for name, plan in plans.items():
-        with RankPool(WORLD, timeout=300) as pool:  # one job per set of processes, as meshrl train runs it
-            got = pool.run(rank_main, cfg, plan, None, quiet=True)[0]
+        got = pool.run(rank_main, cfg, plan, None, quiet=True)[0]
         assert len(got) == len(want)
         worst, where = 0.0, ""
         for a, b in zip(want, got, strict=True):
