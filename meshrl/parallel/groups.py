@@ -6,8 +6,9 @@ globals: a :class:`GroupCache` is made by the caller (one per process, or one pe
 
 Creation rule (found on gloo with torch 2.13): every rank of the world calls ``for_placement`` for
 every placement, in the same order, including placements whose mesh does not contain it (it gets
-None back). ``dist.new_group`` without local synchronisation is collective over the whole world and
-names groups by a world-wide counter, so this is what keeps the names in step. We tried
+None back). ``dist.new_group`` without local synchronisation is meant to be called by the whole world
+and names a group by the count of groups the calling process made before (non-members count too),
+so this is what keeps the names in step; a group made elsewhere goes in with ``adopt``. We tried
 ``use_local_synchronization=True`` (only members call): it names a group by its ranks *plus the
 number of groups the calling rank already has*, so members that made different numbers of groups
 before (e.g. ranks 0-1 after a dp2@0-1 placement, ranks 2-3 fresh) compute different names and the

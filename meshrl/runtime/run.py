@@ -70,7 +70,7 @@ def check_group_names() -> None:
     counts: list = [None] * dist.get_world_size()
     dist.all_gather_object(counts, mine)
     if mine is not None and len(set(counts)) > 1:
-        raise RuntimeError(f"the ranks have made different numbers of process groups {counts} (rank: count): "
+        raise RuntimeError(f"the ranks have made different numbers of process groups (by rank: {counts}): "
                            "a group was made by only some ranks, so the next group would never form")
 
 

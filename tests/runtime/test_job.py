@@ -91,14 +91,17 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
     tag = f"MESHRL_TEST_{uuid.uuid4().hex}"
     proc = _start(out, [], {tag: "1"}, plan)
     # Every fifth trial is killed at a random moment of start-up (no checkpoint yet: start again);
-    # the others at a random moment after the first checkpoint (mid-iteration, mid-save, or done).
+    # the others at a random moment of what follows the first checkpoint: iterations 1 and 2 as long
+    # as the uninterrupted run's (mid-iteration, mid-save; async: with a batch generated ahead) and
+    # one second more (the last save, export, exit). Iterations last ~0.5 s here.
     rng, t0 = random.Random(trial), time.time()
     if trial % 5 == 0:
         delay = rng.uniform(2.0, 20.0)
     else:
         while not (out / "ckpt-000000").exists() and proc.poll() is None and time.time() - t0 < 300:
-            time.sleep(0.05)
-        delay = time.time() - t0 + rng.uniform(0.0, 8.0)
+            time.sleep(0.01)
+        rest = sum(r["time/iteration"] for r in _records(ref_dir) if r["iteration"] > 0) + 1.0
+        delay = time.time() - t0 + rng.uniform(0.0, rest)
     try:
         proc.wait(timeout=max(0.0, delay - (time.time() - t0)))
     except subprocess.TimeoutExpired:
@@ -116,8 +119,11 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
     got = _final_params(out)
     assert sorted(got) == sorted(want)
     assert all(torch.equal(got[k], want[k]) for k in want), f"{mode} trial {trial} (killed after {delay:.1f} s)"
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in lines] == [0, 1, 2]
+    assert [r["iteration"] for r in _records(out)] == [0, 1, 2]
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_two_torchrun_node_groups_on_localhost(tmp_path):

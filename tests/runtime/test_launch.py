@@ -113,5 +113,5 @@ def test_a_second_job_in_the_same_ranks_makes_its_groups():
         assert pool.run(_job_groups, [(0, 1, 2, 3), (0, 3)], "dp1tp1pp4@0-3", (0, 3)) == [2.0, None, None, 2.0]
         assert pool.run(_job_groups, [(2, 3)], "dp1tp1pp2@2-3", (2, 3)) == [None, None, 2.0, 2.0]
         # a group made by some ranks only is an error naming the counts, not a hang
-        with pytest.raises(RankError, match=r"different numbers of process groups \[\d+, \d+, \d+, \d+\]"):
+        with pytest.raises(RankError, match=r"different numbers of process groups \(by rank: \[\d+, \d+, \d+, \d+\]\)"):
             pool.run(_stray_group_then_job)
