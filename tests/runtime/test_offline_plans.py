@@ -71,7 +71,12 @@ def test_offline_algorithms_give_the_single_process_metrics(algo, pool):
         print(f"{algo} {plan.strategy}: worst scaled diff {worst:.1e} ({where})")
 
 
-def test_disaggregated_is_refused_for_offline_algorithms():
+def test_disaggregated_is_refused_for_offline_algorithms(tmp_path, capsys):
     for algo in ("sft", "rm", "dpo"):
         with pytest.raises(UserError, match="generates nothing"):
             resolve_plan(load_config(None, [f"algo={algo}"]), "disaggregated", WORLD)
+    from meshrl.cli import main
+
+    assert main(["train", "algo=dpo", "--nprocs", "2", "--plan", "disaggregated", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "algo=dpo" in err and "generates nothing" in err and "Traceback" not in err
