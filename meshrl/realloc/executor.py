@@ -21,7 +21,6 @@ The two runtime uses:
 from __future__ import annotations
 
 import datetime
-import math
 import time
 from dataclasses import dataclass
 
@@ -48,7 +47,7 @@ class RunStats:
     pack_s: float = 0.0  # copying pieces into send buffers and posting the messages
     wait_s: float = 0.0  # waiting for the messages of a round
     unpack_s: float = 0.0  # copying received buffers into the destination shards
-    copy_s: float = 0.0  # the local copies (done while the first round is on the wire)
+    copy_s: float = 0.0  # the local copies (made while the first two rounds are on the wire)
 
 
 def _view(t: torch.Tensor, region: Slice, origin: Slice) -> torch.Tensor:
@@ -83,8 +82,12 @@ class Reallocator:
     def _alloc(self, out: dict[str, torch.Tensor] | None, dtype: torch.dtype,
                device: torch.device) -> dict[str, torch.Tensor]:
         if out is None:
-            return flat_shards({n: tuple(b - a for a, b in s) for n, s in self.dst_slices.items()},
-                               dtype, device)
+            # One tensor per parameter, not one flat buffer with views: on CPU, glibc's malloc serves
+            # blocks below its mmap threshold (which rises to the size of freed blocks, up to 32 MiB)
+            # from its heap and reuses them, so the next copy mostly skips page faults; one flat
+            # buffer is a fresh mmap every time (measured in docs/realloc.md).
+            return {n: torch.empty(tuple(b - a for a, b in s), dtype=dtype, device=device)
+                    for n, s in self.dst_slices.items()}
         for n, s in self.dst_slices.items():
             want = tuple(b - a for a, b in s)
             if n not in out or tuple(out[n].shape) != want:
@@ -126,19 +129,21 @@ class Reallocator:
         rounds are in flight, hence the bound of 2 buckets per peer and direction."""
         tags: dict[tuple[str, int], int] = {}
         pending: _Posted | None = None
-        for r, (sends, recvs) in enumerate(self.rounds):
+        copied = False
+        for sends, recvs in self.rounds:
             posted = self._post(sends, recvs, src, dst, dtype, device, tags, stats)
-            if r == 0:  # while the first round is on the wire: local copies need no peer
-                self._copy_local(src, dst, stats)
             stats.peak_buffer_bytes = max(stats.peak_buffer_bytes,
                                           posted.extra + (pending.extra if pending else 0))
             if pending is not None:
+                if not copied:  # local copies need no peer: make them while two rounds are on the wire
+                    self._copy_local(src, dst, stats)
+                    copied = True
                 self._finish(pending, stats)
             pending = posted
+        if not copied:
+            self._copy_local(src, dst, stats)
         if pending is not None:
             self._finish(pending, stats)
-        if not self.rounds:
-            self._copy_local(src, dst, stats)
 
     def _post(self, sends: list[Bucket], recvs: list[Bucket], src: dict[str, torch.Tensor],
               dst: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
@@ -205,24 +210,6 @@ class _Posted:
     inbox: list[tuple[list[torch.Tensor], torch.Tensor]]
     keep: list[torch.Tensor]
     extra: int
-
-
-def flat_shards(shapes: dict[str, tuple[int, ...]], dtype: torch.dtype,
-                device: torch.device) -> dict[str, torch.Tensor]:
-    """New tensors of ``shapes`` as views of ONE allocation, each starting at a 64-byte boundary.
-
-    Why: a fresh copy is a hundred or more tensors, most below the 2 MiB at which PyTorch's CPU
-    allocator asks for transparent huge pages (THP_MEM_ALLOC_ENABLE=1, set by RankPool); one
-    allocation gets huge pages throughout, so first-touching the copy costs one page fault per
-    2 MiB instead of per 4 KiB, and one mmap/munmap instead of one per tensor. The views keep the
-    buffer alive until the last of them is dropped (a copy is dropped as a whole)."""
-    align = max(1, 64 // torch.empty((), dtype=dtype).element_size())
-    offsets, total = {}, 0
-    for name, shape in shapes.items():
-        offsets[name] = total
-        total += -(-math.prod(shape) // align) * align
-    flat = torch.empty(total, dtype=dtype, device=device)
-    return {n: flat[offsets[n]:offsets[n] + math.prod(s)].view(s) for n, s in shapes.items()}
 
 
 def _default_device() -> torch.device:

@@ -123,23 +123,6 @@ def test_wrong_source_shards_are_refused_before_any_message(pool):
     assert msgs[2] == ""  # not in either mesh: nothing to check, nothing to do
 
 
-def _fresh_storage(src, dst):
-    """A fresh copy's tensors: one storage, 64-byte aligned, not overlapping, in the right shapes."""
-    rank = dist.get_rank()
-    plan = realloc_plan(shard_map(TINY, Placement.parse(src)), shard_map(TINY, Placement.parse(dst)), 4)
-    out, _ = Reallocator(plan, rank).run(cut_shards(_full(TINY, False, 0), plan.src, rank), dtype=torch.float32)
-    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in out.values())
-    return ({t.untyped_storage().data_ptr() for t in out.values()},
-            all(a % 64 == 0 for a, _ in spans),
-            all(b <= a for (_, b), (a, _) in zip(spans, spans[1:], strict=False)))
-
-
-def test_a_fresh_copy_is_one_aligned_allocation(pool):
-    for rank, (storages, aligned, disjoint) in enumerate(pool.run(_fresh_storage, "dp2tp2pp1@0-3",
-                                                                  "dp1tp2pp2@2-5")):
-        assert len(storages) == (1 if rank in range(2, 6) else 0) and aligned and disjoint, rank
-
-
 def _huge_page_flag() -> bool:
     """Whether the mapping that holds a new 8 MiB tensor was madvised for huge pages ('hg')."""
     t = torch.empty(8 << 20, dtype=torch.uint8)  # kept alive: freeing it unmaps it
