@@ -103,7 +103,7 @@ def value_rows(h: ModelHandle, part: Batch, ctx: CallContext, place: Place) -> B
     return Batch({"values": v[:, p - 1:-1].float() * part["response_mask"]}, part.index)
 
 
-def _reduce(stats: StatSum, place: Place) -> dict[str, float]:
+def reduce_stats(stats: StatSum, place: Place) -> dict[str, float]:
     """Sum the replicas' stats (each already divided by the whole mini-batch's count)."""
     names = sorted(stats.sums)
     if place.dp_group is not None and names:
@@ -138,7 +138,7 @@ def actor_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) ->
                            entropy=cfg.ppo.entropy_coef != 0.0)
         stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
         steps += 1
-    sums = _reduce(stats, place) if place.holds_output else {}
+    sums = reduce_stats(stats, place) if place.holds_output else {}
     return {f"actor/{k}": v / steps for k, v in sums.items()}
 
 
@@ -188,7 +188,7 @@ def critic_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -
         h.forward_backward(part, make_loss(denom), micro)
         stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
         steps += 1
-    sums = _reduce(stats, place) if place.holds_output else {}
+    sums = reduce_stats(stats, place) if place.holds_output else {}
     return {f"critic/{k}": v / steps for k, v in sums.items()}
 
 

@@ -29,7 +29,7 @@ from ..algo.common import CallContext, StatSum
 from ..algo.losses import bradley_terry_loss, dpo_loss, sft_loss
 from ..algo.registry import SEQ_KEYS, side
 from ..parallel.model import HeadOutputs
-from .calls import Place, _reduce
+from .calls import Place, reduce_stats
 from .handles import ModelHandle
 
 
@@ -68,7 +68,7 @@ def pair_rows(part: Batch, micro_batches: int, extra: tuple[str, str] | None = N
 def _finish(h: ModelHandle, stats: StatSum, place: Place, prefix: str) -> dict[str, float]:
     """The call's one optimizer step, then the stats summed over the replicas (holders only)."""
     stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
-    return {f"{prefix}/{k}": v for k, v in _reduce(stats, place).items()} if place.holds_output else {}
+    return {f"{prefix}/{k}": v for k, v in reduce_stats(stats, place).items()} if place.holds_output else {}
 
 
 def sft_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> dict[str, float]:
@@ -110,7 +110,7 @@ def rm_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> di
     if not place.holds_output:
         return {}
     stats.add("chosen_score", _last_values(scores, chosen).sum() / denom)
-    out = {f"rm/{k}": v for k, v in _reduce(stats, place).items()}
+    out = {f"rm/{k}": v for k, v in reduce_stats(stats, place).items()}
     out["reward/mean"] = out.pop("rm/chosen_score")
     return out
 
