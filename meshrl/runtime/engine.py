@@ -30,7 +30,7 @@ from ..algo.trainer import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..config import Config
 from ..parallel.groups import GroupCache
 from ..plan.execution_plan import ExecutionPlan
-from .calls import ROW_CALLS, Place, implementation
+from .calls import Place, implementation, row_wise
 from .roles import RoleModels, build_roles, initial_states
 from .schedule import Step, holders, report_rank, steps
 from .transfer import exchange
@@ -162,7 +162,7 @@ class Engine:
         ctx = CallContext(self.cfg, t, self.tok)
         batch = self._batch(t).only(tensor_keys(call.inputs))
         fn = implementation(call, self.cfg.algo)
-        if call.name in ROW_CALLS:
+        if row_wise(call):
             part = batch.split(pl.layout.dp)[dp_i]
             place.micro_batches = min(place.micro_batches, len(part))
             out = fn(h, part, ctx, place)
