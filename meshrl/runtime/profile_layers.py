@@ -76,13 +76,13 @@ def _layer_pair(f1, f2, reps: int, retries: int = 2) -> tuple[float, float]:
     """``pair_medians`` of a 1-layer (f1) and a 2-layer (f2) model. The per-layer cost t2 - t1 and
     the fixed cost 2 t1 - t2 (embedding, head, log-probs) are both positive; a pair that makes
     either <= 0 is noise (other tenants: at load averages over 10 here it gave per-layer and fixed
-    costs of zero), so it is timed again, with twice the repetitions, up to ``retries`` times; the
+    costs of zero), so it is timed again, up to ``retries`` times (each as long as the first: at a
+    load average of 11, doubling the repetitions made a full profile take over 11 minutes); the
     last timing stands."""
     t1, t2 = pair_medians(f1, f2, reps)
     for _ in range(retries):
         if t1 < t2 < 2 * t1:
             break
-        reps *= 2
         t1, t2 = pair_medians(f1, f2, reps)
     return t1, t2
 
