@@ -15,25 +15,31 @@ import torch
 from .shardmap import ShardMap, Slice
 
 _MASK = (1 << 24) - 1
+_MASK46 = 0x3FFFFFFFFFFF
 
 
 def synthetic(name: str, shape: tuple[int, ...], region: Slice, seed: int = 0,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The ``region`` of parameter ``name`` (full shape ``shape``): a tensor of the region's shape."""
+    """The ``region`` of parameter ``name`` (full shape ``shape``): a tensor of the region's shape.
+
+    In place on one int64 buffer (plus one for the shifted copy): a 100M-element shard is 800 MB
+    per int64 temporary, and each new temporary costs its page faults."""
     sizes = tuple(b - a for a, b in region)
-    idx = torch.zeros(sizes, dtype=torch.int64)
+    h = torch.zeros(sizes, dtype=torch.int64)  # becomes the flat index, then its hash
     stride = 1
     for d in reversed(range(len(shape))):
         view = [1] * len(shape)
         view[d] = sizes[d]
-        idx += torch.arange(region[d][0], region[d][1], dtype=torch.int64).view(view) * stride
+        h += torch.arange(region[d][0], region[d][1], dtype=torch.int64).view(view) * stride
         stride *= shape[d]
     salt = zlib.crc32(name.encode()) ^ (seed * 0x9E3779B1)
-    # Multiply-xorshift hash, kept within 62 bits so int64 never overflows.
-    h = (idx * 40503 + salt) & 0x3FFFFFFFFFFF
-    h = ((h ^ (h >> 13)) * 2654435761) & 0x3FFFFFFFFFFF
-    vals = ((h >> 7) & _MASK).to(torch.float32) / (1 << 24) - 0.5
-    return vals.to(dtype)
+    # Multiply-xorshift hash on 46-bit values; the product may wrap int64, and only its low 46 bits
+    # are kept, which wrapping does not change.
+    h.mul_(40503).add_(salt).bitwise_and_(_MASK46)
+    h.bitwise_xor_(torch.bitwise_right_shift(h, 13))
+    h.mul_(2654435761).bitwise_and_(_MASK46)
+    vals = h.bitwise_right_shift_(7).bitwise_and_(_MASK).to(torch.float32)
+    return vals.div_(1 << 24).sub_(0.5).to(dtype)
 
 
 def synthetic_shards(sm: ShardMap, rank: int, seed: int = 0, dtype: torch.dtype = torch.float32,

@@ -3,6 +3,7 @@ bit for bit, for equal, overlapping and disjoint meshes and TP/PP changes that a
 the bytes each rank moves add up to the plan's count."""
 
 import os
+import zlib
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from meshrl.realloc.bench import move_and_check
 from meshrl.realloc.executor import Reallocator
 from meshrl.realloc.plan import realloc_plan
 from meshrl.realloc.shardmap import shard_map
-from meshrl.realloc.synthetic import cut_shards
+from meshrl.realloc.synthetic import cut_shards, synthetic
 from meshrl.runtime.launch import RankPool
 
 TINY = get_preset("tiny")
@@ -144,3 +145,18 @@ def test_rank_processes_ask_for_huge_pages(pool):
     so PyTorch reads it."""
     want = os.environ.get("THP_MEM_ALLOC_ENABLE", "1") != "0"
     assert pool.run(_huge_page_flag) == [want] * 8
+
+
+def test_synthetic_weights_follow_their_formula():
+    """The in-place tensor hash equals the formula computed on Python integers, element by element."""
+    name, shape, region, seed = "model.layers.0.mlp.up_proj.weight", (7, 300), ((2, 5), (17, 290)), 3
+    salt, m46 = zlib.crc32(name.encode()) ^ (seed * 0x9E3779B1), (1 << 46) - 1
+
+    def ref(i: int) -> float:
+        h = (i * 40503 + salt) & m46
+        h = ((h ^ (h >> 13)) * 2654435761) & m46
+        return ((h >> 7) & 0xFFFFFF) / 2**24 - 0.5
+
+    want = torch.tensor([[ref(r * 300 + c) for c in range(17, 290)] for r in range(2, 5)])
+    assert torch.equal(synthetic(name, shape, region, seed), want)
+    assert torch.equal(synthetic(name, shape, region, seed, torch.bfloat16), want.to(torch.bfloat16))
