@@ -5,7 +5,8 @@ between any two meshes (equal, overlapping or disjoint) and TP sizes that do not
 
 Each rank passes its source shards ``{name: tensor}`` (exactly the source ShardMap's slices) and
 gets its destination shards. Per round every link moves one bucket with batched isend/irecv (see
-schedule.py), and round r+1 is posted before round r is waited for, so that links never drain.
+schedule.py), and round r+1 is posted before round r is waited for, so that links never drain;
+the local copies (slices the rank holds itself) are made while the first two rounds are in flight.
 
 Memory bound: besides its source and destination shards, a rank holds at most two rounds of
 buffers, i.e. peak extra memory <= 2 x bucket_bytes x (send peers + receive peers); only strided
