@@ -13,6 +13,8 @@ forward (logits, log-probs, values) live on the last pipeline stage, identical o
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -180,8 +182,9 @@ class ParallelModel:
         Returns the gradient norm before clipping (same on every rank)."""
         if self.optimizer is None:
             raise UserError("this ParallelModel was built without an optimizer (optim=AdamWConfig(...))")
-        norm = clip_grad_norm(self.named, self._counted, self.groups.mp, self.optim_cfg.max_grad_norm) \
-            if self.optim_cfg.max_grad_norm > 0 else float("nan")
+        # max_grad_norm <= 0 means no clipping; the norm is still measured (as LocalHandle reports it).
+        clip = self.optim_cfg.max_grad_norm if self.optim_cfg.max_grad_norm > 0 else math.inf
+        norm = clip_grad_norm(self.named, self._counted, self.groups.mp, clip)
         self.optimizer.step()
         self.optimizer.zero_grad()
         return norm

@@ -147,7 +147,9 @@ def oracle(probe: Probe) -> dict:
         out["loss"].append(loss.item())
         if step == 0:
             out["grads"] = {n: named[n].grad.clone() for n in param_shapes(probe.config(), probe.value_head)}
-        torch.nn.utils.clip_grad_norm_(model.parameters(), o.max_grad_norm, foreach=False)
+        clip = o.max_grad_norm if o.max_grad_norm > 0 else float("inf")  # <= 0: no clipping
+        out.setdefault("grad_norm", []).append(
+            float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=False)))
         opt.step()
         opt.zero_grad()
     out["params"] = {n: named[n].detach().clone() for n in param_shapes(probe.config(), probe.value_head)}
@@ -221,13 +223,14 @@ def _run_one(probe: Probe, placement: Placement, cache: GroupCache, micro_batche
             pm.logprobs(ids, mask, m, entropy=True)  # the other stages take part in the pipeline
     loss_fn = functools.partial(token_loss, n_tokens=float(batch["loss_mask"].sum()))
     slices = pm.sm.params_of(dist.get_rank())
-    losses = []
+    losses, norms = [], []
     for step in range(probe.steps):
         losses.append(pm.forward_backward(mine, loss_fn, m))
         if step == 0:
             res["grads"] = _max_slice_diff(pm.local_grads(), ref["grads"], slices)
-        pm.optimizer_step()
+        norms.append(pm.optimizer_step())
     res["loss"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref["loss"], strict=True))
+    res["grad_norm"] = max(abs(a - b) / abs(b) for a, b in zip(norms, ref["grad_norm"], strict=True))
     res["params"] = _max_slice_diff(pm.local_state(), ref["params"], slices)
     res["optim_numel"] = sum(c.numel() for c in pm.optimizer.chunks)
     res["param_numel"] = sum(p.numel() for p in pm.optimizer.params)
@@ -257,12 +260,13 @@ def summarize(placement_text: str, per_rank: list[dict | None]) -> dict:
     """Fold the per-rank answers of one placement into the DESIGN.md record."""
     got = [r for r in per_rank if r is not None]
     worst = {k: max((r[k] for r in got if k in r), default=0.0)
-             for k in ("logits", "logprobs", "values", "grads", "params", "loss", "full_state")}
+             for k in ("logits", "logprobs", "values", "grads", "params", "loss", "full_state", "grad_norm")}
     placement = Placement.parse(placement_text)
     rec = {"layout": str(placement.layout), "ranks": list(placement.mesh.ranks),
            "logits_max_rel_diff": max(worst["logits"], worst["values"]),
            "logprobs_max_rel_diff": worst["logprobs"], "loss_max_rel_diff": worst["loss"],
-           "grads_max_rel_diff": worst["grads"], "params_max_rel_diff": max(worst["params"], worst["full_state"]),
+           "grads_max_rel_diff": max(worst["grads"], worst["grad_norm"]),
+           "params_max_rel_diff": max(worst["params"], worst["full_state"]),
            "generate_equal": all(r.get("generate_equal", True) for r in got),
            "sample_equal": all(r.get("sample_equal", True) for r in got)}
     rec["ok"] = rec["generate_equal"] and rec["sample_equal"] and all(

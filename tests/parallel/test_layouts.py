@@ -10,6 +10,7 @@ import pytest
 
 from meshrl.commands.check import layouts_of_size
 from meshrl.model.presets import get_preset
+from meshrl.parallel.data import AdamWConfig
 from meshrl.parallel.verify import TOLERANCE, Probe, run_jobs, summarize
 from meshrl.runtime.launch import RankPool
 
@@ -18,6 +19,7 @@ TINY = Probe("tiny")
 TIED = Probe(get_preset("tiny").replace(tie_word_embeddings=True, attention_bias=True, model_type="qwen2"),
              seed=3)
 VALUE = Probe("tiny", seed=5, value_head=True)
+NO_CLIP = Probe("tiny", seed=3, optim=AdamWConfig(lr=1e-5, max_grad_norm=0.0))  # grad norm still reported
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +88,9 @@ def test_optimizer_state_is_sharded_over_dp(pool):
         # each dp rank holds AdamW state for a quarter of its stage's parameters (plus rounding)
         assert r["optim_numel"] <= r["param_numel"] // 4 + 100
         assert r["optim_numel"] >= r["param_numel"] // 4 - 100
+
+
+def test_gradient_norm_without_clipping(pool):
+    # max_grad_norm=0 turns clipping off; every layout still reports the one-process norm (checked
+    # with the gradients in "grads_max_rel_diff"), not NaN.
+    _check(pool, [(NO_CLIP, "dp2tp2pp1@0-3"), (NO_CLIP, "dp1tp2pp2@4-7")])
