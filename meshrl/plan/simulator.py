@@ -12,6 +12,9 @@ Steps per iteration t, in graph order:
   The disaggregated strategy's shadow-actor refresh is exactly this step.
 - ``transfer``: a producer's outputs moving to a consumer on another mesh or DP split.
 - ``call``: after its parents (and their transfers) and its realloc.
+- ``end``: the end of the iteration, on every device, taking no time: the runtime's ranks hand their
+  statistics to rank 0 there (``gather_object``, whose size exchange is an all-gather), so no rank
+  starts iteration t+1's steps before every rank has finished iteration t's.
 With ``async_gen=1``, the generation steps of iteration t+1 come before the rest of iteration t in
 the global order, so generation overlaps training.
 
@@ -37,7 +40,7 @@ ITERATIONS = 5  # iterations simulated to score a plan (ReaL scores plans over 5
 @dataclass
 class Event:
     name: str
-    kind: str  # call | realloc | transfer
+    kind: str  # call | realloc | transfer | end
     iteration: int
     devices: tuple[int, ...]
     duration: float
@@ -79,7 +82,7 @@ class Timeline:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        names = sorted({_label(e) for e in self.events})
+        names = sorted({_label(e) for e in self.events if e.kind != "end"})
         cmap = plt.get_cmap("tab20")
         colour = {n: cmap(i % 20) for i, n in enumerate(names)}
         n_dev = min(self.n_devices, max_devices)
@@ -182,6 +185,7 @@ def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERAT
                 emit_call(c, t)
         for c in rest:
             emit_call(c, t)
+        emit(Event("end of iteration", "end", t, tuple(range(problem.cluster.size)), 0.0))
     return events
 
 

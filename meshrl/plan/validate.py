@@ -61,7 +61,7 @@ def predicted_steps(problem: Problem, plan: ExecutionPlan, iterations: int = ITE
     out: dict[str, tuple[str, float]] = {}
     steady = range(1, iterations)
     for ev in events:
-        if ev.iteration in steady:
+        if ev.iteration in steady and ev.kind != "end":
             label = ev.name if ev.kind == "call" else ev.name.split(" ", 1)[1]
             span = ev.duration if share is None else ev.end - ev.start
             out[label] = (ev.kind, out.get(label, (ev.kind, 0.0))[1] + span / len(steady))

@@ -86,3 +86,19 @@ def test_trace_and_gantt(tmp_path):
     png = tmp_path / "g.png"
     tl.save_gantt(str(png))
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_no_step_of_the_next_iteration_starts_before_every_rank_ends_this_one():
+    """The runtime's ranks meet at the end of every iteration (statistics to rank 0 by gather_object),
+    so a synchronous plan's iteration t+1 starts after all of iteration t, even on disjoint meshes
+    (interleaved with a larger critic: the actor's half would otherwise generate t+1 while the
+    critic's half still trains on t)."""
+    prob = problem("cluster.nodes=2", "cluster.devices_per_node=8", *models("llama2-7b", "llama2-13b"),
+                   "data.gen_len=128", "data.batch_size=256")
+    for build in BUILDERS.values():
+        tl = simulate(prob, build(prob), iterations=3)
+        check_timeline(prob, tl)
+        for t in (1, 2):
+            prev_end = max(e.end for e in tl.events if e.iteration == t - 1)
+            assert min(e.start for e in tl.events if e.iteration == t) >= prev_end - 1e-12
+        assert sum(e.kind == "end" for e in tl.events) == 3
