@@ -9,8 +9,11 @@ Run `meshrl profile` first (on an idle machine).
 Default (ranks): the PPO demo (`meshrl train`'s sizes) under each strategy on each number of local
 gloo ranks, run by the runtime exactly as `meshrl plan --validate` does (meshrl/runtime/validate.py:
 no SFT warm-up, nothing written between iterations); per call and per iteration the predicted
-seconds and the median measured over the iterations after the first, then the median and worst
-relative error over every call (the rule reward left out: it runs no model) and iteration.
+seconds (the simulator's, steps stretched where ranks share cores) and the median measured over the
+iterations after the first; then one line per run and a last summary line with the median and worst
+relative error over every call (the rule reward left out: it runs no model) and iteration, each
+also without the shared-cores model (the same measurements predicted as if every rank had a core),
+with the load average. The four default runs take 2.5-4.5 min on a 2-core machine at load 11-18.
 
 --one-rank: meshrl's model in this process: `meshrl.model.generate` (prefill + decoding with the KV
 cache), `sequence_logprobs` without gradients (inference), and one PPO-style optimizer step
