@@ -142,7 +142,8 @@ def run_distributed(cfg, args: argparse.Namespace, out: Path) -> int:
     if records and "reward/mean" in records[-1]:
         print(f"reward/mean: {records[0]['reward/mean']:.3f} at iteration {records[0]['iteration']} -> "
               f"{records[-1]['reward/mean']:.3f} at iteration {records[-1]['iteration']}")
-    print(f"outputs in {out}/: config.yaml, plan.json, metrics.jsonl, trace.json (Perfetto), ckpt-*/, actor/")
+    trained = "reward/" if cfg.algo == "rm" else "actor/"
+    print(f"outputs in {out}/: config.yaml, plan.json, metrics.jsonl, trace.json (Perfetto), ckpt-*/, {trained}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Checkpoints: atomic, sharded by rank, exact on resume; the actor exported as an HF checkpoint.
+"""Checkpoints: atomic, sharded by rank, exact on resume; the trained model (actor, or reward for
+algo=rm) exported as an HF checkpoint.
 
     OUT/ckpt-000004/ rank0.pt .. rankN.pt   each rank's home shards of every role it holds, with
                                               their ZeRO optimizer state and the rank's RNG state
@@ -102,23 +103,26 @@ def load_checkpoint(path: str | Path, roles: dict[str, RoleModels]) -> tuple[int
     return int(meta["iteration"]), state.get("ahead")
 
 
-def export_actor(roles: dict[str, RoleModels], out: str | Path, tok=None) -> Path | None:
-    """Collective over the actor's home mesh: gather the trained actor and save it as a Hugging
-    Face checkpoint at OUT/actor (written by the mesh's first rank; returns the path there)."""
+def export_trained(roles: dict[str, RoleModels], algo: str, out: str | Path, tok=None) -> Path | None:
+    """Collective over the exported role's home mesh: gather the trained model and save it as a
+    Hugging Face checkpoint at OUT/reward for algo=rm, else OUT/actor (as the single-process trainer
+    does), written by the mesh's first rank; returns the path there (None on other ranks)."""
     from ..model.checkpoint import build_model, save_pretrained
 
-    rm = roles.get("actor")
+    name = "reward" if algo == "rm" else "actor"
+    rm = roles.get(name)
     if rm is None or rm.home not in rm.models:
         return None
-    full = rm.models[rm.home].full_state_dict()
+    pm = rm.models[rm.home]
+    full = pm.full_state_dict()
     if full is None:
         return None
-    model = build_model(rm.cfg, seed=0)
+    model = build_model(rm.cfg, seed=0, value_head=pm.value_head)
     res = model.load_state_dict(full, strict=False)
     bad = [k for k in res.missing_keys if k != "lm_head.weight"] + list(res.unexpected_keys)  # tied head
     if bad:
-        raise RuntimeError(f"export: the gathered actor does not match the model: {bad[:3]}")
-    path = Path(out) / "actor"
+        raise RuntimeError(f"export: the gathered {name} does not match the model: {bad[:3]}")
+    path = Path(out) / name
     save_pretrained(model, path)
     if tok is not None and hasattr(tok, "save_pretrained"):
         tok.save_pretrained(str(path))

@@ -156,12 +156,12 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     newest checkpoint in ``out``). Returns the metrics records on rank 0 (None elsewhere).
     ``quiet``: no console lines; ``progress``: a progress bar on rank 0. With ``out``, rank 0 also
     writes metrics.jsonl and trace.json, all ranks write a checkpoint every ``save_every``
-    iterations and at the end, and the actor is exported to ``out/actor``."""
+    iterations and at the end, and the trained model is exported to ``out/actor`` (``out/reward`` for rm)."""
     import time
 
     from ..algo.trainer import RL_ALGOS, console_keys
     from ..observe.metrics import MetricsWriter, summary_line
-    from .checkpoint import export_actor, latest_checkpoint, load_checkpoint, save_checkpoint
+    from .checkpoint import export_trained, latest_checkpoint, load_checkpoint, save_checkpoint
 
     rank = dist.get_rank()
     kv = {m.num_key_value_heads for m in model_configs(cfg)}
@@ -228,5 +228,5 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     if writer is not None:
         writer.close()
     if out is not None:
-        export_actor(engine.roles, out, engine.tok)
+        export_trained(engine.roles, cfg.algo, out, engine.tok)
     return records if rank == 0 else None
