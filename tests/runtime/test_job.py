@@ -1,5 +1,7 @@
-"""`meshrl train --nprocs N`: a crashing rank ends the job, named, with nothing left behind; a job
-killed with SIGKILL at a random moment and resumed ends with the uninterrupted run's weights."""
+"""`meshrl train --nprocs N`: a rank that crashes or hangs (alive, never answering) ends the whole
+job within a bounded time (the other ranks' waits end at ``train.timeout``), named, with nothing
+left behind; a job killed with SIGKILL at a random moment and resumed ends with the uninterrupted
+run's weights."""
 
 from __future__ import annotations
 
@@ -39,17 +41,21 @@ def _start(out: Path, extra: list[str], env: dict[str, str], plan: str = "disagg
                             text=True, start_new_session=True)
 
 
-def test_a_crashing_rank_ends_the_job_naming_rank_and_call(tmp_path):
+@pytest.mark.parametrize("fault, extra, how", [
+    ("1:actor_gen", [], "killed"),  # the rank's process exits at once
+    ("1:actor_gen:hang", ["train.timeout=10"], "hung"),  # alive, never answering: the others' waits time out
+])
+def test_a_failing_rank_ends_the_job_naming_rank_and_step(tmp_path, fault, extra, how):
     tag = f"MESHRL_TEST_{uuid.uuid4().hex}"
-    proc = _start(tmp_path / "run", [], {"MESHRL_FAULT": "1:actor_gen", tag: "1"})
+    proc = _start(tmp_path / "run", extra, {"MESHRL_FAULT": fault, tag: "1"})
     text, _ = proc.communicate(timeout=300)
     ended = time.time()
     assert proc.returncode == 1, text
     assert "the job failed and was stopped" in text, text
-    assert "rank1: step 'actor_gen' of iteration 0 (killed by MESHRL_FAULT" in text, text
+    assert f"rank1: step 'actor_gen' of iteration 0 ({how} by MESHRL_FAULT" in text, text
     status = (tmp_path / "run" / ".ranks" / "rank1").read_text()
-    crashed = float(status.rsplit("at ", 1)[1].rstrip(")"))
-    assert ended - crashed < 60, f"the job took {ended - crashed:.0f} s to end after the crash"
+    failed = float(status.rsplit("at ", 1)[1].rstrip(")"))
+    assert ended - failed < 60, f"the job took {ended - failed:.0f} s to end after rank 1 {how}"
     time.sleep(1.0)
     assert _tagged_pids(tag) == [], "processes of the job are still alive"
 
