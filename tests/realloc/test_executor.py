@@ -17,7 +17,6 @@ from meshrl.realloc.executor import Reallocator
 from meshrl.realloc.plan import realloc_plan
 from meshrl.realloc.shardmap import shard_map
 from meshrl.realloc.synthetic import cut_shards, synthetic
-from meshrl.runtime.launch import RankPool
 
 TINY = get_preset("tiny")
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -25,15 +24,6 @@ THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 SIX = ModelConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=5,
                   num_attention_heads=6, num_key_value_heads=6, attention_bias=True,
                   tie_word_embeddings=True, model_type="qwen2")
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = RankPool(8, timeout=300, start_timeout=300)
-    try:
-        yield p
-    finally:
-        p.close(force=True)  # the ranks are idle: no need to wait for a clean process-group shutdown
 
 
 def _full(cfg: ModelConfig, value_head: bool, seed: int) -> dict[str, torch.Tensor]:

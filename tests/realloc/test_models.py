@@ -21,19 +21,9 @@ from meshrl.realloc.executor import Reallocator
 from meshrl.realloc.models import refresh, temporary_copy
 from meshrl.realloc.plan import realloc_plan
 from meshrl.realloc.shardmap import shard_map
-from meshrl.runtime.launch import RankPool
 
 PROBE = Probe(model="tiny", seed=3, rows=4, seq=10, gen_tokens=5)
 _PROC: dict = {}  # this process's GroupCache: groups are made once per process (see groups.py)
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = RankPool(8, timeout=300, start_timeout=300)
-    try:
-        yield p
-    finally:
-        p.close(force=True)  # the ranks are idle: no need to wait for a clean process-group shutdown
 
 
 def _cache() -> GroupCache:
