@@ -127,11 +127,9 @@ class RankPool:
         init_file = os.path.join(self._dir.name, "rendezvous")
         self._tasks = [ctx.Queue() for _ in range(nprocs)]
         self._results: mp.Queue = ctx.Queue()
-        # THP_MEM_ALLOC_ENABLE=1: PyTorch's CPU allocator asks for transparent huge pages for tensors
-        # of >= 2 MiB (read at the rank's first allocation, after _worker sets it): a new 200 MB copy
-        # then page-faults ~100 times instead of ~50,000 (docs/realloc.md). Set it to 0 to opt out.
-        child_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                     "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1"), **(env or {})}
+        # No THP_MEM_ALLOC_ENABLE=1 by default: measured side by side on an idle machine, huge pages
+        # made a fresh reallocated copy slower (0.36-0.46 of p2p against 0.74-0.82; docs/realloc.md).
+        child_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
         self._procs = [
             ctx.Process(target=_worker, daemon=True, name=f"meshrl-rank{r}",
                         args=(r, nprocs, init_file, self.backend, timeout, self._tasks[r], self._results,
