@@ -127,7 +127,7 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
     try:
         matmul = measure_matmul(HIDDEN_QUICK if quick else HIDDEN_FULL, reps)
         mem_bw = measure_mem_bw((16 if quick else 256) << 20, reps)
-        layers = measure_layers(quick, reps)  # 1- and 2-layer models timed alternately
+        layers = measure_layers(quick, reps)  # 1- and DEEP-layer models timed alternately
     finally:
         torch.set_num_threads(prev)
     colls: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}

@@ -2,7 +2,7 @@
 same thing: one transformer block per shape, then interpolates).
 
 On a CPU a small model is dominated by fixed per-call costs that FLOP counts miss, so the CPU
-profile times meshrl's real model code (1- and 2-layer models of each width): forward log-probs,
+profile times meshrl's real model code (1- and DEEP-layer models of each width): forward log-probs,
 forward + backward, and one decoding step, split into a per-layer part and a fixed part (embedding,
 head, log-probs, masks, sampling), each fitted as ``latency + size x seconds_per_unit`` (unit: a
 token, or a sequence for decoding).
@@ -72,16 +72,22 @@ def linear_fit(points: list[tuple[float, float]], slope_key: str = "sec_per_unit
     return {"latency_s": max(my - mx * slope, 0.0), slope_key: slope}
 
 
-def _layer_pair(f1, f2, reps: int, retries: int = 2) -> tuple[float, float]:
-    """``pair_medians`` of a 1-layer (f1) and a 2-layer (f2) model. The per-layer cost t2 - t1 and
-    the fixed cost 2 t1 - t2 (embedding, head, log-probs) are both positive; a pair that makes
-    either <= 0 is noise (other tenants: at load averages over 10 here it gave per-layer and fixed
-    costs of zero), so it is timed again, up to ``retries`` times (each as long as the first: at a
-    load average of 11, doubling the repetitions made a full profile take over 11 minutes); the
-    last timing stands."""
+# The deeper model of each pair. Why 4 and not 2: the per-layer cost is a difference of two noisy
+# timings; over 3 layers instead of 1 the same timing noise moves it a third as much (with 2 layers,
+# repeated profiles of the same code scattered by +-25% on this VM: docs/planner.md).
+DEEP = 4
+
+
+def _layer_pair(f1, f2, reps: int, retries: int = 2, deep: int = DEEP) -> tuple[float, float]:
+    """``pair_medians`` of a 1-layer (f1) and a ``deep``-layer (f2) model. The per-layer cost
+    (t2 - t1) / (deep - 1) and the fixed cost t1 - that (embedding, head, log-probs) are both
+    positive; a pair that makes either <= 0 is noise (other tenants: at load averages over 10 here
+    it gave per-layer and fixed costs of zero), so it is timed again, up to ``retries`` times (each
+    as long as the first: at a load average of 11, doubling the repetitions made a full profile take
+    over 11 minutes); the last timing stands."""
     t1, t2 = pair_medians(f1, f2, reps)
     for _ in range(retries):
-        if t1 < t2 < 2 * t1:
+        if t1 < t2 < deep * t1:
             break
         t1, t2 = pair_medians(f1, f2, reps)
     return t1, t2
@@ -123,15 +129,17 @@ def _model_times(models: tuple, cfg: ModelConfig, tokens: tuple[int, ...], batch
 
 def measure_layer(cfg: ModelConfig, tokens: tuple[int, ...], batches: tuple[int, ...], reps: int) -> dict:
     """Per-layer and fixed (embedding, head, log-probs, masks, sampling) costs of ``cfg``'s width,
-    from the same measurements on a 1-layer and a 2-layer model: layer = t2 - t1, fixed = 2 t1 - t2."""
-    models = (build_model(cfg.replace(num_hidden_layers=1)), build_model(cfg.replace(num_hidden_layers=2)))
+    from the same measurements on a 1-layer and a DEEP-layer model: layer = (tD - t1) / (DEEP - 1),
+    fixed = t1 - layer."""
+    models = (build_model(cfg.replace(num_hidden_layers=1)), build_model(cfg.replace(num_hidden_layers=DEEP)))
     times = _model_times(models, cfg, tokens, batches, reps)
     res: dict = {"layer_params": sum(_numel(s) for k, s in param_shapes(cfg).items()
                                      if k.startswith("model.layers.0.")),
                  "head_params": cfg.vocab_size * cfg.hidden_size}
     for kind, pts in times.items():
-        res[kind] = linear_fit([(x, max(t2 - t1, 1e-9)) for x, t1, t2 in pts])
-        res["fixed_" + kind] = linear_fit([(x, max(2 * t1 - t2, 1e-9)) for x, t1, t2 in pts])
+        layer = [(x, t1, (t2 - t1) / (DEEP - 1)) for x, t1, t2 in pts]
+        res[kind] = linear_fit([(x, max(per, 1e-9)) for x, _, per in layer])
+        res["fixed_" + kind] = linear_fit([(x, max(t1 - per, 1e-9)) for x, t1, per in layer])
     return res
 
 

@@ -100,5 +100,5 @@ def test_a_two_layer_model_timed_faster_than_one_layer_is_timed_again():
             calls["n"] += 1
             time.sleep(first if calls["n"] <= 4 else 0.03)
 
-        t1, t2 = _layer_pair(lambda: time.sleep(0.02), two_layers, 3)
+        t1, t2 = _layer_pair(lambda: time.sleep(0.02), two_layers, 3, deep=2)
         assert t1 < t2 < 2 * t1 and calls["n"] > 4
