@@ -8,7 +8,7 @@ Creation rule (found on gloo with torch 2.13): every rank of the world calls ``f
 every placement, in the same order, including placements whose mesh does not contain it (it gets
 None back). ``dist.new_group`` without local synchronisation is meant to be called by the whole world
 and names a group by the count of groups the calling process made before (non-members count too),
-so this is what keeps the names in step; a group made elsewhere goes in with ``adopt``. We tried
+so this is what keeps the names in step (``make`` is that one collective step, per group). We tried
 ``use_local_synchronization=True`` (only members call): it names a group by its ranks *plus the
 number of groups the calling rank already has*, so members that made different numbers of groups
 before (e.g. ranks 0-1 after a dp2@0-1 placement, ranks 2-3 fresh) compute different names and the
@@ -86,23 +86,9 @@ class GroupCache:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
 
-    def adopt(self, key: tuple[int, ...], group: dist.ProcessGroup | None) -> None:
-        """Take a group that all ranks of the world made together elsewhere (``dist.new_group`` over
-        sorted ``key``): the group on its members, None on every other rank. Non-members must adopt
-        None too: a key the cache does not know is made again by ``for_placement``, and a
-        ``new_group`` that only some ranks call advances only their own counter of groups (which
-        names the next group), so that group gets different names on different ranks and never
-        forms (what hung a second job in the same processes)."""
-        if list(key) != sorted(key) or len(set(key)) != len(key) or len(key) < 2:
-            raise ValueError(f"a group key is the sorted tuple of two or more distinct ranks, got {key}")
-        member = dist.get_rank() in key
-        if member != (group is not None):
-            raise ValueError(f"rank {dist.get_rank()}: group {key} must be "
-                             f"{'a process group' if member else 'None'} here")
-        self._groups[key] = group
-
-    def _create(self, ranks: tuple[int, ...]) -> None:
-        """Collective over the world: every rank calls it for every group, in the same order."""
+    def make(self, ranks: tuple[int, ...]) -> None:
+        """Collective over the world: every rank calls it for every group, in the same order (and
+        remembers it, None on non-members, so no rank makes it again)."""
         key = tuple(sorted(ranks))
         if len(key) > 1 and key not in self._groups:
             g = dist.new_group(list(key), timeout=self.timeout)
@@ -122,7 +108,7 @@ class GroupCache:
         axes = all_axes(placement, num_kv_heads)
         for kind in ("dp", "tp", "pp", "mp", "kv", "tied"):
             for ranks in axes[kind]:
-                self._create(ranks)
+                self.make(ranks)
         rank = dist.get_rank()
         if rank not in placement.mesh:
             return None

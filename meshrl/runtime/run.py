@@ -13,15 +13,12 @@ import torch.distributed as dist
 from ..algo.graph import graph_for
 from ..config import Config
 from ..observe.trace import Trace
-from ..parallel.groups import GroupCache
+from ..parallel.groups import GroupCache, all_axes
 from ..plan.execution_plan import ExecutionPlan
 from .engine import Engine, RankLog
 from .schedule import generated_ahead
 
 _CACHE: GroupCache | None = None
-# Groups made by all ranks together, for the life of the process (members get the group, others None):
-# a process may run several jobs (a test's rank pool), and every new GroupCache must get them back.
-_MADE: dict[tuple[int, ...], object] = {}
 
 
 def process_cache(timeout_s: float) -> GroupCache:
@@ -36,24 +33,12 @@ def process_cache(timeout_s: float) -> GroupCache:
 
 def plan_groups(plan: ExecutionPlan, kv_heads: set[int]) -> list[tuple[int, ...]]:
     """Every process group (sorted ranks, size > 1) that any rank's ParallelModel of any call will
-    ask the cache for: the dp, tp, pp, model-parallel, kv and tied-embedding axes of each placement."""
+    ask the cache for: every axis of each placement (parallel/groups.all_axes), for each KV head count."""
     out: dict[tuple[int, ...], None] = {}
     for cp in plan.calls.values():
-        pl, lay = cp.placement, cp.layout
-        for r in pl.mesh.ranks:
-            d, t, p = pl.coords_of(r)
-            axes = [[pl.rank_of(x, t, p) for x in range(lay.dp)], [pl.rank_of(d, x, p) for x in range(lay.tp)],
-                    [pl.rank_of(d, t, x) for x in range(lay.pp)],
-                    [pl.rank_of(d, x, y) for y in range(lay.pp) for x in range(lay.tp)]]
-            for kv in sorted(kv_heads):
-                if lay.tp > kv:
-                    rep = lay.tp // kv
-                    axes.append([pl.rank_of(d, (t // rep) * rep + j, p) for j in range(rep)])
-            if lay.pp > 1:
-                axes.append([pl.rank_of(d, t, 0), pl.rank_of(d, t, lay.pp - 1)])
-            for a in axes:
-                if len(set(a)) > 1:
-                    out[tuple(sorted(a))] = None
+        for kv in sorted(kv_heads) or [None]:
+            for groups in all_axes(cp.placement, kv).values():
+                out.update((tuple(sorted(g)), None) for g in groups if len(set(g)) > 1)
     return list(out)
 
 
@@ -74,19 +59,15 @@ def check_group_names() -> None:
                            "a group was made by only some ranks, so the next group would never form")
 
 
-def make_groups(cache: GroupCache, groups: list[tuple[int, ...]], timeout_s: float) -> None:
-    """Create the plan's groups with every rank taking part, one after another, before any model is
-    built, and give them to ``cache`` (None on the ranks outside a group: see GroupCache.adopt).
+def make_groups(cache: GroupCache, groups: list[tuple[int, ...]]) -> None:
+    """Create the plan's groups in ``cache`` with every rank taking part, one after another, before
+    any model is built (``GroupCache.make``: None on the ranks outside a group, so ``for_placement``
+    never makes one again on some ranks only; a second job in the same processes reuses them).
     Why up front: groups made concurrently by disjoint rank sets (use_local_synchronization) left
     the first collective on one of them hanging now and then on gloo."""
-    import datetime
-
     check_group_names()
     for key in groups:
-        if key not in _MADE:
-            g = dist.new_group(list(key), timeout=datetime.timedelta(seconds=timeout_s))
-            _MADE[key] = g if dist.get_rank() in key else None
-        cache.adopt(key, _MADE[key])
+        cache.make(key)
 
 
 def model_configs(cfg: Config) -> list:
@@ -165,7 +146,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
 
     rank = dist.get_rank()
     kv = {m.num_key_value_heads for m in model_configs(cfg)}
-    make_groups(process_cache(timeout_s), plan_groups(plan, kv), timeout_s)
+    make_groups(process_cache(timeout_s), plan_groups(plan, kv))
     log: Callable[[str], None] = print if rank == 0 and not quiet else (lambda _: None)
     status = Path(status_dir) / f"rank{rank}" if status_dir else None
     engine = Engine(cfg, plan, process_cache(timeout_s), timeout_s, log, status, warm=start == 0)

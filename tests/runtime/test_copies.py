@@ -26,7 +26,7 @@ def run_counting(cfg, plan) -> tuple[list[dict] | None, int, int]:
     memory and that ``reload`` brings them back to their device."""
     torch.set_num_threads(1)
     kv = {m.num_key_value_heads for m in model_configs(cfg)}
-    make_groups(process_cache(TIMEOUT), plan_groups(plan, kv), TIMEOUT)
+    make_groups(process_cache(TIMEOUT), plan_groups(plan, kv))
     engine = Engine(cfg, plan, process_cache(TIMEOUT), TIMEOUT, lambda _: None)
     records: list[dict] = []
     engine.run(0, cfg.train.iterations,

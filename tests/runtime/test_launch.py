@@ -87,7 +87,7 @@ def _job_groups(keys: list[tuple[int, ...]], placement: str, reduce_on: tuple[in
     from meshrl.runtime.run import make_groups, process_cache
 
     cache = process_cache(20)
-    make_groups(cache, keys, 20)
+    make_groups(cache, keys)
     cache.for_placement(Placement.parse(placement))
     if dist.get_rank() not in reduce_on:
         return None
@@ -102,7 +102,7 @@ def _stray_group_then_job() -> None:
 
     if dist.get_rank() == 2:
         dist.new_group([0, 1])
-    make_groups(process_cache(20), [(1, 2)], 20)
+    make_groups(process_cache(20), [(1, 2)])
 
 
 def test_a_second_job_in_the_same_ranks_makes_its_groups():
