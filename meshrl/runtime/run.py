@@ -140,7 +140,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     iterations and at the end, and the trained model is exported to ``out/actor`` (``out/reward`` for rm)."""
     import time
 
-    from ..algo.trainer import RL_ALGOS, console_keys
+    from ..algo.trainer import console_keys
     from ..observe.metrics import MetricsWriter, summary_line
     from .checkpoint import export_trained, latest_checkpoint, load_checkpoint, save_checkpoint
 
@@ -189,8 +189,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
         if writer is not None:
             writer.write(rec)
             trace.save(Path(out) / "trace.json")
-        log(summary_line(rec, ("reward/mean", "kl/k1", "actor/pg_loss", "critic/vf_loss", "time/iteration")
-                         if cfg.algo in RL_ALGOS else console_keys(cfg.algo) + ("time/iteration",)))
+        log(summary_line(rec, console_keys(cfg.algo) + ("time/iteration",)))  # the trainer's line, timed
         if bar is not None:
             bar.update(1)
             bar.set_postfix(reward=f"{rec.get('reward/mean', float('nan')):.3f}")
