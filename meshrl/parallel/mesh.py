@@ -156,6 +156,10 @@ class Placement:
     def rank_of(self, dp: int, tp: int, pp: int) -> int:
         return self.mesh.ranks[self.layout.local_index(dp, tp, pp)]
 
+    def holders(self) -> tuple[int, ...]:
+        """The rank holding each dp replica's outputs of a call: tp index 0 on the last pipeline stage."""
+        return tuple(self.rank_of(d, 0, self.layout.pp - 1) for d in range(self.layout.dp))
+
     def coords_of(self, rank: int) -> tuple[int, int, int]:
         """Global rank -> (dp_idx, tp_idx, pp_idx); LayoutError if the rank is not in the mesh."""
         if rank not in self.mesh.ranks:

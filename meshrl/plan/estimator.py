@@ -6,9 +6,9 @@ The model, per call kind (``docs/planner.md`` derives each term):
   (4 q_size per query-key pair per layer); backward = 2 x forward. A pipeline of ``pp`` stages
   and ``m`` micro-batches takes ``(m + pp - 1)`` stage steps (GPipe / 1F1B bubble).
 - decoding: each step reads the stage's weights and the KV cache from memory, so a step costs
-  ``max(bytes / HBM bandwidth, FLOPs / FLOP/s)``; with pp > 1 the m micro-batches are in flight
-  together, a step costs ``max(m, pp)`` stage steps; with pp = 1 they are generated one after
-  another (m times less KV cache, m times the weight reads).
+  ``max(bytes / HBM bandwidth, FLOPs / FLOP/s)``; as the runtime generates (parallel/generate.py),
+  a replica's whole batch goes through the stages one after another, prefill and every decoding
+  step (no micro-batches: gen_len - 1 steps of pp stage steps each, plus the token broadcast).
 - TP: 2 all-reduces of the activations per layer forward, 2 more backward (Megatron-LM);
   generation all-gathers the vocabulary-parallel logits each step. PP: one activation send per
   stage boundary per micro-batch. DP: per optimizer step, the bucketed gradient all-reduce and
@@ -94,6 +94,10 @@ class Estimate:
     state_bytes: float = 0.0
     transient_bytes: float = 0.0
     breakdown: dict[str, float] = field(default_factory=dict)
+    # The share of the call's devices computing at any moment. 1 but for generation with pp > 1,
+    # whose stages take turns (1 / pp). Where devices share cores (CPU), the simulator counts a
+    # call's busy ranks by it.
+    active: float = 1.0
 
     @property
     def mem_bytes(self) -> float:
@@ -168,24 +172,44 @@ def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, p
     return compute + tp + pp, {"compute": compute, "tp_comm": tp, "pp_comm": pp}
 
 
-def _decode_step(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:
-    """One decoding step of ``b`` sequences at context ``ctx`` on the slowest stage."""
+def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, dict]:
+    """One decoding step of ``b`` sequences at context ``ctx`` on one stage of the largest size:
+    its layers, and with ``head`` the output head and the token pick (the last stage)."""
     mc = c.mc
-    flops = b * (mc.matmul_flops_per_token() + mc.attn_flops(1, ctx)) * c.frac / c.lay.tp
+    flops = b * (2.0 * mc.layer_params * c.stage_layers + mc.attn_flops(1, ctx) * c.frac
+                 + (2.0 * mc.head_params if head else 0.0)) / c.lay.tp
     kv = b * ctx * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
-    mem = (c.stage_param_bytes + kv) / c.hw.hbm_bw
+    head_bytes = mc.head_params / c.lay.tp * c.hw.dtype_bytes
+    mem = (c.stage_param_bytes - (0.0 if head else head_bytes) + kv) / c.hw.hbm_bw
     compute = flops / c.flops
     fits = c.hw.layer_fits(mc.cfg.hidden_size)
     if fits is not None:  # measured decoding steps already include their memory traffic
         mem = 0.0
-        compute = (c.stage_layers * _measured(fits.decode, b, mc.layer_params / fits.layer_params, c.lay.tp)
-                   + _measured(fits.fixed_decode, b, mc.head_params / fits.head_params, c.lay.tp))
+        compute = c.stage_layers * _measured(fits.decode, b, mc.layer_params / fits.layer_params, c.lay.tp)
+        if head:
+            compute += _measured(fits.fixed_decode, b, mc.head_params / fits.head_params, c.lay.tp)
     act = b * mc.cfg.hidden_size * c.hw.dtype_bytes
     tp = 2 * c.stage_layers * c.hw.all_reduce(act, c.lay.tp, c.links.tp)
-    tp += c.hw.all_gather(b * mc.out_width * c.hw.dtype_bytes, c.lay.tp, c.links.tp)  # logits for sampling
-    pp = c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 else 0.0
+    if head:
+        tp += c.hw.all_gather(b * mc.out_width * c.hw.dtype_bytes, c.lay.tp, c.links.tp)  # logits for sampling
+    pp = c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 and not head else 0.0
     return max(mem, compute) + tp + pp, {"decode_mem" if mem >= compute else "compute": max(mem, compute),
                                         "tp_comm": tp, "pp_comm": pp}
+
+
+def _token_pass(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:
+    """One decoding step through every stage in turn, as parallel/generate.py runs it (the whole
+    replica batch, no micro-batches in flight): pp - 1 stages hand their output on, the last one
+    picks the token, which a broadcast (a binomial tree: ceil(log2 pp) hops) brings back to all."""
+    t, parts = _decode_step(c, b, ctx, head=True)
+    if c.lay.pp > 1:
+        mid, mid_parts = _decode_step(c, b, ctx, head=False)
+        t += (c.lay.pp - 1) * mid
+        _add(parts, mid_parts, c.lay.pp - 1)
+        bcast = math.ceil(math.log2(c.lay.pp)) * c.hw.p2p(2 * b * 8, c.links.pp)  # tokens, log-probs in float64
+        t += bcast
+        parts["pp_comm"] += bcast
+    return t, parts
 
 
 def _add(acc: dict, part: dict, times: float) -> None:
@@ -201,30 +225,32 @@ def _pipeline(c: _Ctx, m: int, step: float, parts: dict, acc: dict) -> float:
 
 
 def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
-    s_dp = math.ceil(spec.sequences(shape) / c.lay.dp)
-    b = math.ceil(s_dp / m)
+    """The runtime generates a replica's prompts in one pass (parallel/generate.py: no micro-batches,
+    so ``m`` plays no part), each prefill and decoding step going through the stages in turn."""
+    b = s_dp = math.ceil(spec.sequences(shape) / c.lay.dp)
     acc: dict[str, float] = {}
     step, parts = _forward_step(c, b, shape.prompt_len, shape.prompt_len, prefill=True)
-    t = _pipeline(c, m, step, parts, acc)
-    # Decode: integrate over the growing context at DECODE_POINTS midpoints.
-    n_pts = min(DECODE_POINTS, shape.gen_len)
-    per_pt = shape.gen_len / n_pts
-    rounds = m if c.lay.pp == 1 else max(m, c.lay.pp)
+    t = c.lay.pp * step  # the stages one after another (the head's share over-counted pp - 1 times: small)
+    _add(acc, parts, c.lay.pp)
+    # Decode: the prefill's logits give the first token, so gen_len - 1 decoding steps follow
+    # (model/generation.decode_loop); integrated over the growing context at DECODE_POINTS midpoints.
+    n_dec = shape.gen_len - 1
+    n_pts = min(DECODE_POINTS, n_dec)
+    per_pt = n_dec / max(n_pts, 1)
     for i in range(n_pts):
         ctx = shape.prompt_len + int((i + 0.5) * per_pt) + 1
-        step, parts = _decode_step(c, b, ctx)
-        t += rounds * per_pt * step
-        _add(acc, parts, rounds * per_pt)
+        step, parts = _token_pass(c, b, ctx)
+        t += per_pt * step
+        _add(acc, parts, per_pt)
     seqs = spec.sequences(shape)
     mc = c.mc
     flops = seqs * (shape.prompt_len * mc.matmul_flops_per_token() + mc.attn_flops(shape.prompt_len,
                     shape.prompt_len))
     flops += seqs * (shape.gen_len * mc.matmul_flops_per_token() + mc.attn_flops(shape.gen_len, shape.seq_len))
-    in_flight = b if c.lay.pp == 1 else s_dp
-    kv = in_flight * shape.seq_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
+    kv = s_dp * shape.seq_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     logits = b * mc.out_width / c.lay.tp * LOGIT_BYTES
     prefill_act = b * shape.prompt_len * mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
-    return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc)
+    return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=1.0 / c.lay.pp)
 
 
 def _inference(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
@@ -283,6 +309,8 @@ def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches
 
 def max_micro_batches(spec: CallSpec, shape: RunShape, layout: Layout) -> int:
     """More micro-batches than sequences per DP rank (per mini-batch) would leave some empty."""
+    if spec.kind == "generate":
+        return 1  # the runtime generates a replica's prompts in one pass (parallel/generate.py)
     per = spec.sequences(shape) / layout.dp
     if spec.kind == "train":
         per /= shape.mini_batches

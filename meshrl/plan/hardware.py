@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,8 +90,9 @@ class Hardware:
     cores: int = 0  # usable cores per node (profiles only; 0: every device is its own, as a GPU)
     contention: tuple[tuple[int, float], ...] = ()  # (busy ranks on a node, slowdown), measured
 
-    def slowdown(self, busy: int) -> float:
-        """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs).
+    def slowdown(self, busy: float) -> float:
+        """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs);
+        fractional where a call's ranks take turns (pipelined generation: Estimate.active).
 
         Between measured points the curve is interpolated linearly; beyond the largest measured k it
         follows processor sharing (k runnable processes on c cores get c / k of a core each)."""
@@ -268,7 +270,31 @@ def load_profile(path: str | Path | None = None, devices_per_node: int = 1) -> H
         data = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"profile {p} is not valid JSON ({e}); run `meshrl profile` again") from None
+    for line in profile_mismatches(data, dict(os.environ), _usable_cores()):
+        print(f"meshrl: warning: profile {p}: {line}", file=sys.stderr)
     return from_profile(data, devices_per_node, str(p))
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def profile_mismatches(data: dict, env: dict[str, str], cores: int) -> list[str]:
+    """Why a profile's times would not hold for ranks started here: another thread count per rank
+    (the launcher gives each rank $OMP_NUM_THREADS threads, default 1) or another number of usable
+    cores (the shared-cores curve was measured on the profile's)."""
+    out = []
+    threads = int(env.get("OMP_NUM_THREADS", "1") or 1)
+    if "threads_per_rank" in data and int(data["threads_per_rank"]) != threads:
+        out.append(f"measured with {data['threads_per_rank']} thread(s) per rank, but ranks started here get "
+                   f"OMP_NUM_THREADS={threads}; run `meshrl profile` again with the same OMP_NUM_THREADS")
+    if int(data.get("cores", 0) or 0) not in (0, cores):
+        out.append(f"measured on {data['cores']} usable cores, but this process may use {cores}; "
+                   "run `meshrl profile` again here")
+    return out
 
 
 def get_hardware(device: str, devices_per_node: int, profile: str | None = None) -> Hardware:

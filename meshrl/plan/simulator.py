@@ -19,7 +19,9 @@ With ``async_gen=1``, the generation steps of iteration t+1 come before the rest
 the global order, so generation overlaps training.
 
 Shared cores (CPU profiles only): ranks of one node that compute at once share its cores. Then a
-step runs at rate 1 / slowdown(busy ranks on its node), the measured curve of the profile
+step runs at rate 1 / slowdown(busy ranks on its node), the measured curve of the profile; a call
+counts as many busy ranks as compute at once (``Estimate.active``: pipelined generation's stages
+take turns, so a pp-stage generation keeps 1 / pp of its ranks busy)
 (``Hardware.slowdown``), re-evaluated whenever a step starts or ends (processor sharing, simulated
 event by event); a step over several nodes goes at its slowest node's rate. ``Event.duration`` is
 the step's time alone; ``end - start`` its time as run. GPU presets have no curve, and then the plain
@@ -45,6 +47,7 @@ class Event:
     devices: tuple[int, ...]
     duration: float
     deps: tuple[int, ...] = ()  # indices of earlier events
+    active: float = 1.0  # share of its devices computing at once (Estimate.active), for shared cores
     start: float = 0.0
     end: float = 0.0
 
@@ -126,16 +129,24 @@ def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERAT
         return len(events) - 1
 
     moved: dict[tuple[str, str, int], int] = {}  # transfers emitted ahead of their consumer
+    have: dict[tuple[str, int], set[int]] = {}  # devices that received a call's outputs (runtime/schedule.py)
     gen_calls = [c for c in graph.calls if c.kind == "generate" and not graph.parents(c.name)]
     rest = [c for c in graph.calls if c not in gen_calls]
 
     def emit_transfer(p: str, c, t: int) -> int:
-        """The step that moves p's outputs to c (or p itself when nothing moves); its index."""
+        """The step that moves p's outputs to the devices of c that lack them (or p itself when
+        nothing moves, or the move is free); its index. As the runtime: the dp holders send, and
+        devices that received the outputs for an earlier consumer receive nothing again."""
         pcp, cp = plan.calls.get(p), plan.calls.get(c.name)
-        dur = problem.transfer_time(p, c.name, pcp, cp) if pcp is not None and cp is not None else 0.0
+        if pcp is None or cp is None:
+            return done[(p, t)]
+        got = have.setdefault((p, t), set())
+        receivers = set(cp.mesh.ranks) - got
+        got |= receivers
+        dur = problem.transfer_time(p, c.name, pcp, cp) if receivers else 0.0
         if dur <= 0:
             return done[(p, t)]
-        devs = tuple(sorted(set(pcp.mesh.ranks) | set(cp.mesh.ranks)))
+        devs = tuple(sorted(set(pcp.placement.holders()) | receivers))
         return emit(Event(f"transfer {p}->{c.name}", "transfer", t, devs, dur, (done[(p, t)],)))
 
     def emit_call(c, t: int) -> None:
@@ -161,7 +172,7 @@ def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERAT
             ahead = moved.pop((p, c.name, t), None)
             deps.append(ahead if ahead is not None else emit_transfer(p, c, t))
         est = problem.call_estimate(c.name, cp)
-        done[(c.name, t)] = emit(Event(c.name, "call", t, cp.mesh.ranks, est.time_s, tuple(deps)))
+        done[(c.name, t)] = emit(Event(c.name, "call", t, cp.mesh.ranks, est.time_s, tuple(deps), active=est.active))
         if not (async_gen and c in gen_calls):  # hand outputs on at once, while consumers may be idle
             for k in graph.calls:
                 if c.name in graph.parents(k.name) and k.name not in free:
@@ -244,10 +255,10 @@ def _schedule_shared(events: list[Event], n_devices: int, share: Sharing) -> flo
             events[i].start = now
         running += ready
         ready = []
-        busy: dict[int, int] = {}
+        busy: dict[int, float] = {}
         for i in running:
             for d in events[i].devices:
-                busy[d // share.per_node] = busy.get(d // share.per_node, 0) + 1
+                busy[d // share.per_node] = busy.get(d // share.per_node, 0.0) + events[i].active
         rate = {i: 1.0 / max([share.slowdown(busy[d // share.per_node]) for d in events[i].devices] + [1.0])
                 for i in running}
         dt = min(left[i] / rate[i] for i in running)

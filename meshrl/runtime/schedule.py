@@ -9,13 +9,16 @@ and calls on disjoint meshes run at the same time. The rules are the simulator's
   role's home is its first call's placement. Any other call of the role whose placement differs
   gets a copy made by a ``realloc`` step just before it (the disaggregated shadow-actor refresh is
   exactly this step);
-- a call's outputs stay on its ranks (one holder per data-parallel replica) until a ``transfer``
-  step moves them to the consumer's ranks that do not have them yet;
+- a call's outputs stay on its ranks (one holder per data-parallel replica); ``transfer`` steps
+  right after the call move them to every consumer's ranks that do not have them yet, so the
+  producer's ranks go on with their next call while the consumers' are busy elsewhere (with
+  ``async_gen=1`` a generation's outputs are handed on at the start of their iteration, before the
+  same ranks generate the next one);
 - with ``async_gen=1`` the generation calls of iteration t+1 come before the rest of iteration t,
   so generation overlaps training and reads weights one update old (one step off-policy).
 
 The simulator's ``build_events`` is bound to cost estimates (a Problem), so the pure order lives
-here; both follow the same rules and the tests compare their step names.
+here; both follow the same rules and the tests compare their step names, transfers included.
 """
 
 from __future__ import annotations
@@ -69,29 +72,47 @@ def home_calls(graph: Graph) -> dict[str, str]:
 
 def holders(placement: Placement) -> tuple[int, ...]:
     """The rank holding each dp replica's outputs: tp index 0 on the last pipeline stage."""
-    lay = placement.layout
-    return tuple(placement.rank_of(d, 0, lay.pp - 1) for d in range(lay.dp))
+    return placement.holders()
+
+
+def _transfer(plan: ExecutionPlan, p: str, c: Call, t: int, have: dict[tuple[str, int], set[int]]) -> list[Step]:
+    """The step that brings p's outputs of iteration t to the ranks of c that lack them (none if all have)."""
+    have_p = have[(p, t)]
+    receivers = tuple(r for r in plan.calls[c.name].mesh.ranks if r not in have_p)
+    if not receivers:
+        return []
+    senders = holders(plan.calls[p].placement)
+    have_p.update(receivers)
+    return [Step("transfer", t, c.name, tuple(sorted(set(senders) | set(receivers))), src_call=p,
+                 senders=senders, receivers=receivers)]
+
+
+def _hand_on(graph: Graph, plan: ExecutionPlan, p: str, t: int, have: dict[tuple[str, int], set[int]]
+             ) -> list[Step]:
+    """p's outputs to every consumer at once, in graph order. Why at once and not just before each
+    consumer: the producer's ranks are then free for their next call, so calls on disjoint meshes
+    overlap (interleaved: actor and critic training side by side); sent just before the consumer,
+    the transfer would wait for every step the producer's ranks run in between."""
+    out: list[Step] = []
+    for k in graph.calls:
+        if p in graph.parents(k.name):
+            out += _transfer(plan, p, k, t, have)
+    return out
 
 
 def _call_steps(graph: Graph, plan: ExecutionPlan, c: Call, t: int, homes: dict[str, str],
-                have: dict[tuple[str, int], set[int]]) -> list[Step]:
+                have: dict[tuple[str, int], set[int]], hand_on: bool = True) -> list[Step]:
     cp = plan.calls[c.name]
     out: list[Step] = []
     home = plan.calls[homes[c.role]]
     if homes[c.role] != c.name and home.placement != cp.placement:
         ranks = tuple(sorted(set(home.mesh.ranks) | set(cp.mesh.ranks)))
         out.append(Step("realloc", t, c.name, ranks, role=c.role))
-    for p in graph.parents(c.name):
-        have_p = have[(p, t)]
-        receivers = tuple(r for r in cp.mesh.ranks if r not in have_p)
-        if receivers:
-            senders = holders(plan.calls[p].placement)
-            out.append(Step("transfer", t, c.name, tuple(sorted(set(senders) | set(receivers))),
-                            src_call=p, senders=senders, receivers=receivers))
-            have_p.update(receivers)
+    for p in graph.parents(c.name):  # inputs handed on earlier need no step here
+        out += _transfer(plan, p, c, t, have)
     out.append(Step("call", t, c.name, tuple(sorted(cp.mesh.ranks)), role=c.role))
     have[(c.name, t)] = set()  # outputs are split over the dp holders: nobody has them whole
-    return out
+    return out + (_hand_on(graph, plan, c.name, t, have) if hand_on else [])
 
 
 def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, ahead: bool = False) -> list[Step]:
@@ -106,17 +127,24 @@ def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, ahead: bool 
     gen = _first_generations(graph)
     rest = [c for c in graph.calls if c not in gen]
     out: list[Step] = []
-    if plan.async_gen and start < stop:
+    async_gen = bool(plan.async_gen)
+    if async_gen and start < stop:
         for c in gen:
-            first = _call_steps(graph, plan, c, start, homes, have)  # also marks who holds its outputs
+            first = _call_steps(graph, plan, c, start, homes, have, hand_on=False)  # marks who holds its outputs
             out += [] if ahead else first
     for t in range(start, stop):
-        if not plan.async_gen:
+        if not async_gen:
             for c in gen:
                 out += _call_steps(graph, plan, c, t, homes, have)
-        elif t + 1 < stop:
-            for c in gen:
-                out += _call_steps(graph, plan, c, t + 1, homes, have)
+        else:
+            # Hand this iteration's samples on before the same ranks generate the next ones.
+            for c in rest:
+                for p in graph.parents(c.name):
+                    if any(p == g.name for g in gen):
+                        out += _transfer(plan, p, c, t, have)
+            if t + 1 < stop:
+                for c in gen:
+                    out += _call_steps(graph, plan, c, t + 1, homes, have, hand_on=False)
         for c in rest:
             out += _call_steps(graph, plan, c, t, homes, have)
         out.append(Step("end", t, "", tuple(range(plan.cluster.size))))

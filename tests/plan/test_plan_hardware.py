@@ -83,7 +83,7 @@ def test_measured_layer_costs_drive_the_cpu_estimate():
     gen = estimate_call(CallSpec("c", "actor", "generate", tiny), shape, Layout(), 1, hw)
     step = tiny.num_hidden_layers * (1e-3 + 1e-5 * 8) + (1e-3 + 1e-5 * 8)
     prefill = tiny.num_hidden_layers * (1e-3 + 1e-5 * 8 * 16) + (1e-3 + 1e-5 * 8)
-    assert gen.time_s == pytest.approx(prefill + 16 * step)
+    assert gen.time_s == pytest.approx(prefill + 15 * step)  # the prefill gives the first of the 16 tokens
 
 
 def test_a_two_layer_model_timed_faster_than_one_layer_is_timed_again():
@@ -102,3 +102,17 @@ def test_a_two_layer_model_timed_faster_than_one_layer_is_timed_again():
 
         t1, t2 = _layer_pair(lambda: time.sleep(0.02), two_layers, 3, deep=2)
         assert t1 < t2 < 2 * t1 and calls["n"] > 4
+
+
+def test_a_profile_taken_with_other_threads_or_cores_is_flagged():
+    """Ranks get $OMP_NUM_THREADS threads; a profile measured with another count, or on another
+    number of cores, would misprice every call: the reader says so (and still loads it)."""
+    from meshrl.plan.hardware import profile_mismatches
+
+    data = {**PROFILE, "threads_per_rank": 1, "cores": 2}
+    assert profile_mismatches(data, {}, 2) == []
+    assert profile_mismatches(data, {"OMP_NUM_THREADS": "1"}, 2) == []
+    threads, = profile_mismatches(data, {"OMP_NUM_THREADS": "4"}, 2)
+    assert "1 thread(s) per rank" in threads and "OMP_NUM_THREADS=4" in threads
+    cores, = profile_mismatches(data, {}, 8)
+    assert "2 usable cores" in cores and "may use 8" in cores
