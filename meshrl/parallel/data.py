@@ -26,6 +26,9 @@ from ..realloc.shardmap import ShardMap
 from .groups import Axis, RankGroups
 
 
+BUCKET_BYTES = 25 << 20  # ZeRO-1's all-gather bucket (PyTorch DDP's gradient bucket size)
+
+
 def all_reduce_grads(params: list[nn.Parameter], axis: Axis, bucket_bytes: int = 25 << 20) -> None:
     """Sum the gradients of ``params`` over ``axis``, one collective per flat bucket of about
     ``bucket_bytes`` (few collectives, bounded extra memory)."""
@@ -128,12 +131,42 @@ class ZeroAdamW:
         self.opt.step()
         if self.dp.group is None:
             return
-        for p, (lo, hi, size) in zip(self.params, self.bounds, strict=True):
-            mine = torch.zeros(size, dtype=p.dtype, device=p.device)
-            mine[:hi - lo] = p.view(-1)[lo:hi]
-            parts = [torch.empty_like(mine) for _ in range(self.dp.size)]
-            dist.all_gather(parts, mine, group=self.dp.group)
-            p.view(-1).copy_(torch.cat(parts)[:p.numel()])
+        for items in self._buckets():
+            self._gather(items)
+
+    def _buckets(self) -> list[list[tuple[nn.Parameter, tuple[int, int, int]]]]:
+        """Consecutive parameters of one dtype, about BUCKET_BYTES of chunks each. Why buckets and
+        not one all-gather per tensor: the updated chunks are small and each collective pays its
+        latency (the tiny model's 75 tensors took 72-90 ms per step on 2 gloo ranks)."""
+        out: list[list] = []
+        size = 0
+        for p, b in zip(self.params, self.bounds, strict=True):
+            nbytes = b[2] * p.element_size()
+            if not out or out[-1][0][0].dtype != p.dtype or size + nbytes > BUCKET_BYTES:
+                out.append([])
+                size = 0
+            out[-1].append((p, b))
+            size += nbytes
+        return out
+
+    def _gather(self, items: list[tuple[nn.Parameter, tuple[int, int, int]]]) -> None:
+        """One all-gather of this rank's chunks of ``items`` (each padded to its chunk size), then
+        every rank's chunk copied back into its place in each parameter."""
+        p0 = items[0][0]
+        mine = torch.zeros(sum(size for _, (_, _, size) in items), dtype=p0.dtype, device=p0.device)
+        off = 0
+        for p, (lo, hi, size) in items:
+            mine[off:off + hi - lo] = p.view(-1)[lo:hi]
+            off += size
+        parts = [torch.empty_like(mine) for _ in range(self.dp.size)]
+        dist.all_gather(parts, mine, group=self.dp.group)
+        off = 0
+        for p, (_, _, size) in items:
+            flat, n = p.view(-1), p.numel()
+            for r, part in enumerate(parts):
+                a, b = min(r * size, n), min((r + 1) * size, n)
+                flat[a:b].copy_(part[off:off + b - a])
+            off += size
 
     def zero_grad(self) -> None:
         for p in self.params:

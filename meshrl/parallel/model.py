@@ -26,7 +26,7 @@ from ..errors import UserError
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
 from ..realloc.shardmap import ShardMap, check_shardable, shard_map
-from .data import AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
+from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
 from .groups import GroupCache, RankGroups
 from .mesh import Placement
@@ -80,7 +80,7 @@ class ParallelModel:
         kv_split = placement.layout.tp > cfg.num_key_value_heads
         self._kv_names = [n for n in self.named if kv_split and (".k_proj." in n or ".v_proj." in n)]
         self._tied = cfg.tie_word_embeddings and not value_head
-        self.dp_bucket_bytes = 25 << 20  # gradient all-reduce bucket (PyTorch DDP's default size)
+        self.dp_bucket_bytes = BUCKET_BYTES  # gradient all-reduce bucket (PyTorch DDP's default size)
 
     @classmethod
     def create(cls, cfg: ModelConfig, placement: Placement, cache: GroupCache, load: SliceLoader | None,

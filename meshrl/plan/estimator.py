@@ -12,7 +12,7 @@ The model, per call kind (``docs/planner.md`` derives each term):
 - TP: 2 all-reduces of the activations per layer forward, 2 more backward (Megatron-LM);
   generation all-gathers the vocabulary-parallel logits each step. PP: one activation send per
   stage boundary per micro-batch. DP: per optimizer step, the bucketed gradient all-reduce and
-  ZeRO-1's all-gather of the updated parameters, one per parameter tensor. Optimizer: AdamW
+  ZeRO-1's bucketed all-gather of the updated parameters. Optimizer: AdamW
   reads and writes 28 B per parameter.
 - memory per device: bf16 weights of the largest stage / tp; a trained role adds bf16 gradients
   and 12 B/param of fp32 Adam state sharded over dp (ZeRO-1; Rajbhandari et al. 2020); plus
@@ -32,6 +32,7 @@ from .model_costs import ModelCosts, model_costs
 ADAM_STATE_BYTES = 12  # fp32 master weights + m + v per parameter (ZeRO paper, K = 12)
 ADAM_STEP_BYTES = 28  # read master, m, v (12) + bf16 grad (2); write master, m, v (12) + bf16 param (2)
 LOGIT_BYTES = 4  # logits are kept in fp32 for the softmax / log-probs
+DP_BUCKET_BYTES = 25 << 20  # the runtime's gradient all-reduce and ZeRO-1 all-gather bucket (parallel/data.py)
 DECODE_POINTS = 8  # decoding time is integrated over the context length at this many midpoints
 
 
@@ -276,11 +277,12 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     t_mb = _pipeline(c, m, step, parts, {})
     grad_bytes = c.stage_param_bytes
     # DP as the runtime's ZeRO-1 runs it (meshrl/parallel/data.py): the gradients are all-reduced
-    # in 25 MB buckets, then each parameter tensor's updated shards are all-gathered, one
-    # collective (and one latency) per tensor.
-    n_t = c.mc.stage_tensors(c.lay.pp)
-    dp = c.hw.all_reduce(grad_bytes, c.lay.dp, c.links.dp) + n_t * c.hw.all_gather(grad_bytes / n_t, c.lay.dp,
-                                                                                    c.links.dp)
+    # in buckets of DP_BUCKET_BYTES, then the updated shards are all-gathered in buckets of
+    # DP_BUCKET_BYTES per rank; one collective (and one latency) per bucket.
+    n_ar = max(1, math.ceil(grad_bytes / DP_BUCKET_BYTES))
+    n_ag = max(1, math.ceil(grad_bytes / c.lay.dp / DP_BUCKET_BYTES))
+    dp = (n_ar * c.hw.all_reduce(grad_bytes / n_ar, c.lay.dp, c.links.dp)
+          + n_ag * c.hw.all_gather(grad_bytes / n_ag, c.lay.dp, c.links.dp))
     opt = ADAM_STEP_BYTES * (grad_bytes / c.hw.dtype_bytes) / c.lay.dp / c.hw.hbm_bw
     _add(acc, parts, m * steps)
     acc["bubble"] = (c.lay.pp - 1) * step * steps

@@ -73,3 +73,12 @@ def test_70b_does_not_fit_one_gpu_but_fits_a_node_sharded():
     assert est("train", model=big).mem_bytes > H100.mem_bytes
     assert est("inference", model=big).mem_bytes > H100.mem_bytes
     assert est("inference", Layout(1, 8, 1), model=big, shape=RunShape(128, 128, 8)).mem_bytes < H100.mem_bytes
+
+
+def test_the_dp_bucket_is_the_runtimes():
+    """The estimator prices one collective per bucket of the runtime's size (it cannot import the
+    runtime's torch.distributed code, so the number is kept twice and checked here)."""
+    from meshrl.parallel.data import BUCKET_BYTES
+    from meshrl.plan.estimator import DP_BUCKET_BYTES
+
+    assert DP_BUCKET_BYTES == BUCKET_BYTES
