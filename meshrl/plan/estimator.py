@@ -95,9 +95,9 @@ class Estimate:
     state_bytes: float = 0.0
     transient_bytes: float = 0.0
     breakdown: dict[str, float] = field(default_factory=dict)
-    # The share of the call's devices computing at any moment. 1 but for generation with pp > 1,
-    # whose stages take turns (1 / pp). Where devices share cores (CPU), the simulator counts a
-    # call's busy ranks by it.
+    # The share of the call's devices computing at any moment: with pp > 1 each stage idles in
+    # the bubble, m / (m + pp - 1) busy for m micro-batches; generation's stages take turns (1 / pp).
+    # Where devices share cores (CPU), the simulator counts a call's busy ranks by it.
     active: float = 1.0
 
     @property
@@ -218,6 +218,12 @@ def _add(acc: dict, part: dict, times: float) -> None:
         acc[k] = acc.get(k, 0.0) + v * times
 
 
+def _busy_share(c: _Ctx, m: int) -> float:
+    """The share of a pipelined call's ranks computing at once: each stage works m of the m + pp - 1
+    stage steps (with m = 1 the stages take turns, one at a time)."""
+    return m / (m + c.lay.pp - 1)
+
+
 def _pipeline(c: _Ctx, m: int, step: float, parts: dict, acc: dict) -> float:
     """m micro-batches through pp stages: (m + pp - 1) steps; the pp - 1 extra ones are the bubble."""
     _add(acc, parts, m)
@@ -264,7 +270,7 @@ def _inference(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     seqs = spec.sequences(shape)
     flops = seqs * (s * c.mc.matmul_flops_per_token() + c.mc.attn_flops(s, s))
     act = b * s * (c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes) + c.mc.out_width / c.lay.tp * LOGIT_BYTES)
-    return Estimate(t, flops, c.stage_param_bytes, 0.0, act, acc)
+    return Estimate(t, flops, c.stage_param_bytes, 0.0, act, acc, active=_busy_share(c, m))
 
 
 def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
@@ -294,7 +300,8 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     in_flight = min(m, c.lay.pp)
     act = in_flight * b * s * c.stage_layers * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
     logits = 2 * b * s * c.mc.out_width / c.lay.tp * LOGIT_BYTES  # logits and their gradient
-    return Estimate((t_mb + dp + opt) * steps, flops, c.stage_param_bytes, state, grad_bytes + act + logits, acc)
+    return Estimate((t_mb + dp + opt) * steps, flops, c.stage_param_bytes, state, grad_bytes + act + logits, acc,
+                    active=_busy_share(c, m))
 
 
 def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches: int, hw: Hardware,

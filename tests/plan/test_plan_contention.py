@@ -124,3 +124,23 @@ def test_validate_predicts_each_call_as_run(tmp_path):
         assert pred0[name][1] == pytest.approx(est.time_s)
         assert pred[name][1] == pytest.approx(pred0[name][1] * shared.hw.slowdown(4 * est.active))
     assert 1.5 < steady_iteration_s(shared, plan) / steady_iteration_s(alone, plan) <= 2.1 * (1 + 1e-9)
+
+
+def test_a_pipeline_keeps_busy_only_the_stages_outside_its_bubble(tmp_path):
+    """pp 4 with one micro-batch: the stages take turns, one rank computes at a time, so nothing is
+    stretched; with m micro-batches each stage works m of the m + 3 stage steps."""
+    from dataclasses import replace
+
+    from meshrl.parallel.mesh import Layout
+
+    shared = cpu_problem(tmp_path, SHARED)
+    base = colocated(cpu_problem(tmp_path, PROFILE))
+    for m in (1, 4):
+        calls = {n: replace(cp, layout=Layout(pp=4), micro_batches=m) for n, cp in base.calls.items()}
+        plan = replace(base, calls=calls)
+        for e in simulate(shared, plan).events:
+            if e.kind == "call" and e.devices:
+                est = shared.call_estimate(e.name, plan.calls[e.name])
+                share = 1 / 4 if e.name == "actor_gen" else m / (m + 3)
+                assert est.active == pytest.approx(share)
+                assert e.end - e.start == pytest.approx(e.duration * shared.hw.slowdown(4 * share))
