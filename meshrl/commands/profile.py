@@ -43,5 +43,6 @@ def run(args: argparse.Namespace) -> int:
     curve = ", ".join(f"{k}: {f:.2f}x" for k, f in data["contention"]["slowdown"].items())
     print(f"{data['cores']} usable cores, {data['threads_per_rank']} thread(s) per rank; "
           f"slowdown with k ranks busy at once: {curve}")
+    print(f"pipeline hop (per stage boundary of a decoding step): {data['pipeline']['hop_s'] * 1e3:.2f} ms")
     print(f"wrote {path}")
     return 0

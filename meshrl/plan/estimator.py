@@ -207,10 +207,18 @@ def _token_pass(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:
         mid, mid_parts = _decode_step(c, b, ctx, head=False)
         t += (c.lay.pp - 1) * mid
         _add(parts, mid_parts, c.lay.pp - 1)
-        bcast = math.ceil(math.log2(c.lay.pp)) * c.hw.p2p(2 * b * 8, c.links.pp)  # tokens, log-probs in float64
-        t += bcast
-        parts["pp_comm"] += bcast
+        hops = _hops(c, b)
+        t += hops
+        parts["pp_comm"] += hops
     return t, parts
+
+
+def _hops(c: _Ctx, b: int) -> float:
+    """What a pass through the pp stages pays beyond compute and hidden-state bytes: measured per
+    stage boundary where the profile has it (Hardware.pipeline_hop), else the token broadcast."""
+    if c.hw.pipeline_hop > 0:
+        return (c.lay.pp - 1) * c.hw.pipeline_hop
+    return math.ceil(math.log2(c.lay.pp)) * c.hw.p2p(2 * b * 8, c.links.pp)  # tokens, log-probs in float64
 
 
 def _add(acc: dict, part: dict, times: float) -> None:
@@ -239,6 +247,9 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     step, parts = _forward_step(c, b, shape.prompt_len, shape.prompt_len, prefill=True)
     t = c.lay.pp * step  # the stages one after another (the head's share over-counted pp - 1 times: small)
     _add(acc, parts, c.lay.pp)
+    if c.lay.pp > 1:
+        t += _hops(c, b)
+        acc["pp_comm"] = acc.get("pp_comm", 0.0) + _hops(c, b)
     # Decode: the prefill's logits give the first token, so gen_len - 1 decoding steps follow
     # (model/generation.decode_loop); integrated over the growing context at DECODE_POINTS midpoints.
     n_dec = shape.gen_len - 1

@@ -89,6 +89,10 @@ class Hardware:
     layers: tuple[tuple[int, LayerFits], ...] = ()  # (hidden size, fits), sorted
     cores: int = 0  # usable cores per node (profiles only; 0: every device is its own, as a GPU)
     contention: tuple[tuple[int, float], ...] = ()  # (busy ranks on a node, slowdown), measured
+    # Seconds per decoding step per pipeline stage boundary beyond compute and bytes (process
+    # wake-up, the next stage's per-call work, the token broadcast): measured (profile_pipeline.py);
+    # 0 for the GPU presets, which price the hop as p2p messages.
+    pipeline_hop: float = 0.0
 
     def slowdown(self, busy: float) -> float:
         """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs);
@@ -240,7 +244,7 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> 
                         dtype_bytes=int(data.get("dtype_bytes", 4)),
                         sources={"all": f"measured by meshrl profile ({source})"}, matmul=matmul,
                         measured=measured, layers=layers, cores=int(data.get("cores", 0)) if contention else 0,
-                        contention=contention)
+                        contention=contention, pipeline_hop=float(data.get("pipeline", {}).get("hop_s", 0.0)))
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"profile {source} is malformed ({e!r}); run `meshrl profile` again") from None
 

@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 from ..errors import UserError
 from .profile_cores import measure_cores
 from .profile_layers import linear_fit, measure_layers, median_time
+from .profile_pipeline import measure_pipeline_hop
 
 HIDDEN_FULL = (128, 768, 2048, 4096)  # tiny, small, and two larger widths (7B is 4096)
 HIDDEN_QUICK = (128,)
@@ -137,8 +138,10 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
             if kind != "p2p" or world == 2:
                 colls[kind][str(world)] = fit
     cores = measure_cores(quick, timeout_s)  # cores, threads_per_rank, contention
+    pipeline = measure_pipeline_hop(reps, timeout_s)  # per stage boundary of a decoding step
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"version": 1, "device": "cpu", "host": platform.node(), "cpus": os.cpu_count(), **cores,
             "torch": torch.__version__, "dtype": "float32", "dtype_bytes": 4,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": quick,
-            "matmul": matmul, "layers": layers, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls}
+            "matmul": matmul, "layers": layers, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls,
+            "pipeline": pipeline}

@@ -83,7 +83,9 @@ def test_profile_quick_writes_a_profile_the_planner_reads(capsys, tmp_path):
     assert data["threads_per_rank"] == int(os.environ.get("OMP_NUM_THREADS", "1"))  # as RankPool starts ranks
     slow = data["contention"]["slowdown"]
     assert slow["1"] == 1.0 and slow["2"] > 0 and data["contention"]["seconds_per_step_alone"] > 0
-    assert "usable cores" in capsys.readouterr().out
+    assert data["pipeline"]["hop_s"] >= 0 and set(data["pipeline"]["per_batch"]) == {"8", "32"}
+    out = capsys.readouterr().out
+    assert "usable cores" in out and "pipeline hop" in out
     assert main(["plan", "cluster.device=cpu", "cluster.devices_per_node=2", "--profile", str(path), "--json",
                  "--budget", "0.5"]) == 0
     plan = json.loads(capsys.readouterr().out)

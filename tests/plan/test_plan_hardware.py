@@ -1,6 +1,7 @@
 """Hardware presets carry their sources; CPU numbers come only from a measured profile."""
 
 import json
+import math
 
 import pytest
 
@@ -116,3 +117,23 @@ def test_a_profile_taken_with_other_threads_or_cores_is_flagged():
     assert "1 thread(s) per rank" in threads and "OMP_NUM_THREADS=4" in threads
     cores, = profile_mismatches(data, {}, 8)
     assert "2 usable cores" in cores and "may use 8" in cores
+
+
+def test_a_measured_pipeline_hop_prices_each_stage_boundary_of_each_pass():
+    """Pipelined generation: the prefill and each of the gen_len - 1 decoding steps cross pp - 1
+    stage boundaries; with the profile's measured hop each crossing costs it (without one, the
+    token broadcast is priced as p2p messages)."""
+    from meshrl.model.presets import get_preset
+    from meshrl.parallel.mesh import Layout
+    from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
+
+    spec = CallSpec("g", "actor", "generate", get_preset("tiny"))
+    shape = RunShape(prompt_len=16, gen_len=16, batch_size=8)
+    plain = from_profile(PROFILE, devices_per_node=4)
+    hop = from_profile({**PROFILE, "pipeline": {"hop_s": 0.01}}, devices_per_node=4)
+    assert hop.pipeline_hop == 0.01 and plain.pipeline_hop == 0.0
+    for pp in (2, 4):
+        t0 = estimate_call(spec, shape, Layout(pp=pp), 1, plain).time_s
+        t1 = estimate_call(spec, shape, Layout(pp=pp), 1, hop).time_s
+        bcast = math.ceil(math.log2(pp)) * plain.p2p(2 * 8 * 8)
+        assert t1 - t0 == pytest.approx(16 * ((pp - 1) * 0.01 - bcast))
