@@ -44,5 +44,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{data['cores']} usable cores, {data['threads_per_rank']} thread(s) per rank; "
           f"slowdown with k ranks busy at once: {curve}")
     print(f"pipeline hop (per stage boundary of a decoding step): {data['pipeline']['hop_s'] * 1e3:.2f} ms")
+    opt = data["optimizer"]
+    print(f"optimizer step (tiny model, {opt['tensors']} tensors): {opt['step_s'] * 1e3:.1f} ms, "
+          f"{opt['sec_per_tensor'] * 1e6:.0f} us per tensor beyond its bytes")
     print(f"wrote {path}")
     return 0

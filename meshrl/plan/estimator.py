@@ -301,6 +301,7 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     dp = (n_ar * c.hw.all_reduce(grad_bytes / n_ar, c.lay.dp, c.links.dp)
           + n_ag * c.hw.all_gather(grad_bytes / n_ag, c.lay.dp, c.links.dp))
     opt = ADAM_STEP_BYTES * (grad_bytes / c.hw.dtype_bytes) / c.lay.dp / c.hw.hbm_bw
+    opt += c.mc.stage_tensors(c.lay.pp) * c.hw.optimizer_tensor_s  # every rank steps a chunk of each tensor
     _add(acc, parts, m * steps)
     acc["bubble"] = (c.lay.pp - 1) * step * steps
     acc["dp_comm"] = dp * steps

@@ -93,6 +93,9 @@ class Hardware:
     # wake-up, the next stage's per-call work, the token broadcast): measured (profile_pipeline.py);
     # 0 for the GPU presets, which price the hop as p2p messages.
     pipeline_hop: float = 0.0
+    # Seconds per parameter tensor of an optimizer step beyond its bytes (foreach=False AdamW's
+    # per-tensor kernels and Python): measured (profile_layers.measure_optimizer); 0 for GPU presets.
+    optimizer_tensor_s: float = 0.0
 
     def slowdown(self, busy: float) -> float:
         """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs);
@@ -244,7 +247,8 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> 
                         dtype_bytes=int(data.get("dtype_bytes", 4)),
                         sources={"all": f"measured by meshrl profile ({source})"}, matmul=matmul,
                         measured=measured, layers=layers, cores=int(data.get("cores", 0)) if contention else 0,
-                        contention=contention, pipeline_hop=float(data.get("pipeline", {}).get("hop_s", 0.0)))
+                        contention=contention, pipeline_hop=float(data.get("pipeline", {}).get("hop_s", 0.0)),
+                        optimizer_tensor_s=float(data.get("optimizer", {}).get("sec_per_tensor", 0.0)))
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"profile {source} is malformed ({e!r}); run `meshrl profile` again") from None
 

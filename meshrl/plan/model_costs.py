@@ -22,6 +22,11 @@ class ModelCosts:
     embed_params: int
     head_params: int  # lm_head (or the tied embedding's copy on the last stage) or the value head
     final_norm: int
+    layer_tensors: int = 9  # parameter tensors of one decoder layer
+
+    def stage_tensors(self, pp: int) -> int:
+        """Parameter tensors on the largest pipeline stage: its layers', plus embedding, norm, head."""
+        return -(-self.cfg.num_hidden_layers // pp) * self.layer_tensors + 3
 
     @property
     def total_params(self) -> int:
@@ -98,4 +103,5 @@ def model_costs(cfg: ModelConfig, value_head: bool = False) -> ModelCosts:
         head = size(shapes["score.weight"])
     else:
         head = cfg.vocab_size * cfg.hidden_size
-    return ModelCosts(cfg, value_head, layer, embed, head, size(shapes["model.norm.weight"]))
+    tensors = sum(1 for k in shapes if k.startswith("model.layers.0."))
+    return ModelCosts(cfg, value_head, layer, embed, head, size(shapes["model.norm.weight"]), tensors)

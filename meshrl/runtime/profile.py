@@ -25,7 +25,8 @@ import torch.multiprocessing as mp
 
 from ..errors import UserError
 from .profile_cores import measure_cores
-from .profile_layers import linear_fit, measure_layers, median_time
+from ..plan.estimator import ADAM_STEP_BYTES
+from .profile_layers import linear_fit, measure_layers, measure_optimizer, median_time
 from .profile_pipeline import measure_pipeline_hop
 
 HIDDEN_FULL = (128, 768, 2048, 4096)  # tiny, small, and two larger widths (7B is 4096)
@@ -129,6 +130,11 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
         matmul = measure_matmul(HIDDEN_QUICK if quick else HIDDEN_FULL, reps)
         mem_bw = measure_mem_bw((16 if quick else 256) << 20, reps)
         layers = measure_layers(quick, reps)  # 1- and DEEP-layer models timed alternately
+        optimizer = measure_optimizer(reps)
+        # What the step takes beyond its bytes (ADAM_STEP_BYTES per parameter, the estimator's
+        # bandwidth term), per tensor: the per-tensor kernels and Python of foreach=False AdamW.
+        optimizer["sec_per_tensor"] = max(
+            optimizer["step_s"] - ADAM_STEP_BYTES * optimizer["params"] / mem_bw, 0.0) / optimizer["tensors"]
     finally:
         torch.set_num_threads(prev)
     colls: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}
@@ -144,4 +150,4 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
             "torch": torch.__version__, "dtype": "float32", "dtype_bytes": 4,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": quick,
             "matmul": matmul, "layers": layers, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls,
-            "pipeline": pipeline}
+            "pipeline": pipeline, "optimizer": optimizer}

@@ -160,3 +160,35 @@ def measure_layers(quick: bool, reps: int) -> dict[str, dict]:
         for cfg in width_configs(quick).values():
             out[str(cfg.hidden_size)] = measure_layer(cfg, tokens, batches, reps)
     return out
+
+
+def measure_optimizer(reps: int) -> dict:
+    """One optimizer step of the tiny model as the runtime takes it on one rank (the whole-model
+    gradient clip, ZeRO-1 AdamW with ``foreach=False``, clearing the gradients): on a CPU its cost
+    is mostly per tensor (a dozen small kernels each), not bytes. -> {step_s, tensors, params,
+    sec_per_tensor}: what the step takes beyond reading and writing its 28 B per parameter at the
+    measured memory bandwidth, per parameter tensor (the caller adds that bandwidth term)."""
+    from ..parallel.data import AdamWConfig, ZeroAdamW, clip_grad_norm
+    from ..parallel.groups import Axis
+
+    model = build_model(get_preset("tiny"))
+    named = dict(model.named_parameters())
+    alone = Axis((0,), 0, None)
+    opt = ZeroAdamW(list(named.values()), alone, AdamWConfig(), list(named))
+    grads = {n: torch.randn_like(p) * 1e-3 for n, p in named.items()}
+
+    def step() -> None:
+        for n, p in named.items():
+            p.grad = grads[n].clone()
+        clip_grad_norm(named, set(named), alone, 1.0)
+        opt.step()
+        opt.zero_grad()
+
+    def grads_only() -> None:  # what setting the gradients up costs, taken off the step's time
+        for n, p in named.items():
+            p.grad = grads[n].clone()
+        opt.zero_grad()
+
+    t_step, t_grads = pair_medians(step, grads_only, reps)
+    params = sum(p.numel() for p in named.values())
+    return {"step_s": t_step - t_grads, "tensors": len(named), "params": params}

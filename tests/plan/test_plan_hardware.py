@@ -137,3 +137,20 @@ def test_a_measured_pipeline_hop_prices_each_stage_boundary_of_each_pass():
         t1 = estimate_call(spec, shape, Layout(pp=pp), 1, hop).time_s
         bcast = math.ceil(math.log2(pp)) * plain.p2p(2 * 8 * 8)
         assert t1 - t0 == pytest.approx(16 * ((pp - 1) * 0.01 - bcast))
+
+
+def test_a_measured_per_tensor_optimizer_cost_is_paid_per_tensor_of_the_stage():
+    """A CPU optimizer step costs mostly per tensor (foreach=False AdamW); with the profile's
+    figure every optimizer step pays it once per parameter tensor the rank holds a chunk of."""
+    from meshrl.model.presets import get_preset
+    from meshrl.parallel.mesh import Layout
+    from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
+
+    spec = CallSpec("t", "actor", "train", get_preset("tiny"))
+    shape = RunShape(prompt_len=16, gen_len=16, batch_size=8, mini_batches=2)
+    plain = from_profile(PROFILE, devices_per_node=4)
+    per = from_profile({**PROFILE, "optimizer": {"sec_per_tensor": 1e-3}}, devices_per_node=4)
+    assert per.optimizer_tensor_s == 1e-3 and plain.optimizer_tensor_s == 0.0
+    for lay, tensors in ((Layout(), 8 * 9 + 3), (Layout(dp=2), 8 * 9 + 3), (Layout(pp=2), 4 * 9 + 3)):
+        extra = estimate_call(spec, shape, lay, 1, per).time_s - estimate_call(spec, shape, lay, 1, plain).time_s
+        assert extra == pytest.approx(2 * tensors * 1e-3)  # two optimizer steps (mini-batches)
