@@ -26,10 +26,10 @@ from ..realloc.shardmap import ShardMap
 from .groups import Axis, RankGroups
 
 
-BUCKET_BYTES = 25 << 20  # ZeRO-1's all-gather bucket (PyTorch DDP's gradient bucket size)
+BUCKET_BYTES = 25 << 20  # gradient all-reduce and ZeRO-1 all-gather bucket (PyTorch DDP's default size)
 
 
-def all_reduce_grads(params: list[nn.Parameter], axis: Axis, bucket_bytes: int = 25 << 20) -> None:
+def all_reduce_grads(params: list[nn.Parameter], axis: Axis, bucket_bytes: int = BUCKET_BYTES) -> None:
     """Sum the gradients of ``params`` over ``axis``, one collective per flat bucket of about
     ``bucket_bytes`` (few collectives, bounded extra memory)."""
     if axis.group is None or not params:
@@ -117,6 +117,7 @@ class ZeroAdamW:
                   for scale in dict.fromkeys(scales)]
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay, foreach=False)
+        self._gather_buckets = self._buckets()
 
     def set_lr(self, lr: float) -> None:
         for g in self.opt.param_groups:
@@ -131,7 +132,7 @@ class ZeroAdamW:
         self.opt.step()
         if self.dp.group is None:
             return
-        for items in self._buckets():
+        for items in self._gather_buckets:
             self._gather(items)
 
     def _buckets(self) -> list[list[tuple[nn.Parameter, tuple[int, int, int]]]]:
@@ -180,7 +181,7 @@ class ZeroAdamW:
 
 
 def sync_grads(named: dict[str, nn.Parameter], groups: RankGroups, kv_names: list[str],
-               tied_embedding: bool, bucket_bytes: int = 25 << 20) -> None:
+               tied_embedding: bool, bucket_bytes: int = BUCKET_BYTES) -> None:
     """Make every local gradient the full mini-batch gradient of its slice:
     tied embedding copies summed over the first/last stage, replicated KV heads summed over their
     holders, then everything summed over dp."""

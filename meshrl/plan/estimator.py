@@ -248,8 +248,9 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     t = c.lay.pp * step  # the stages one after another (the head's share over-counted pp - 1 times: small)
     _add(acc, parts, c.lay.pp)
     if c.lay.pp > 1:
-        t += _hops(c, b)
-        acc["pp_comm"] = acc.get("pp_comm", 0.0) + _hops(c, b)
+        hops = _hops(c, b)
+        t += hops
+        acc["pp_comm"] = acc.get("pp_comm", 0.0) + hops
     # Decode: the prefill's logits give the first token, so gen_len - 1 decoding steps follow
     # (model/generation.decode_loop); integrated over the growing context at DECODE_POINTS midpoints.
     n_dec = shape.gen_len - 1

@@ -278,12 +278,13 @@ def load_profile(path: str | Path | None = None, devices_per_node: int = 1) -> H
         data = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"profile {p} is not valid JSON ({e}); run `meshrl profile` again") from None
-    for line in profile_mismatches(data, dict(os.environ), _usable_cores()):
+    for line in profile_mismatches(data, dict(os.environ), usable_cores()):
         print(f"meshrl: warning: profile {p}: {line}", file=sys.stderr)
     return from_profile(data, devices_per_node, str(p))
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask), which containers and taskset narrow."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

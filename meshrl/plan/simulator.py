@@ -149,6 +149,12 @@ def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERAT
         devs = tuple(sorted(set(pcp.placement.holders()) | receivers))
         return emit(Event(f"transfer {p}->{c.name}", "transfer", t, devs, dur, (done[(p, t)],)))
 
+    def hand_on(p: str, t: int) -> None:
+        """p's outputs to every consumer at once (runtime/schedule.py ``_hand_on``)."""
+        for k in graph.calls:
+            if p in graph.parents(k.name) and k.name not in free:
+                moved[(p, k.name, t)] = emit_transfer(p, k, t)
+
     def emit_call(c, t: int) -> None:
         if c.name in free:
             deps = [done[(p, t)] for p in graph.parents(c.name)]
@@ -174,9 +180,7 @@ def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERAT
         est = problem.call_estimate(c.name, cp)
         done[(c.name, t)] = emit(Event(c.name, "call", t, cp.mesh.ranks, est.time_s, tuple(deps), active=est.active))
         if not (async_gen and c in gen_calls):  # hand outputs on at once, while consumers may be idle
-            for k in graph.calls:
-                if c.name in graph.parents(k.name) and k.name not in free:
-                    moved[(c.name, k.name, t)] = emit_transfer(c.name, k, t)
+            hand_on(c.name, t)
 
     if async_gen:
         for c in gen_calls:
@@ -184,10 +188,8 @@ def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERAT
     for t in range(iterations):
         if async_gen:
             # Hand off this iteration's samples before generating the next ones on the same devices.
-            for c in rest:
-                for p in graph.parents(c.name):
-                    if any(p == g.name for g in gen_calls) and c.name not in free:
-                        moved[(p, c.name, t)] = emit_transfer(p, c, t)
+            for g in gen_calls:
+                hand_on(g.name, t)
             if t + 1 < iterations:
                 for c in gen_calls:
                     emit_call(c, t + 1)

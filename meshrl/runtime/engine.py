@@ -32,7 +32,7 @@ from ..parallel.groups import GroupCache
 from ..plan.execution_plan import ExecutionPlan
 from .calls import Place, implementation, row_wise
 from .roles import RoleModels, build_roles, initial_states
-from .schedule import Step, holders, report_rank, steps
+from .schedule import Step, report_rank, steps
 from .transfer import exchange
 
 
@@ -166,7 +166,7 @@ class Engine:
             part = batch.split(pl.layout.dp)[dp_i]
             place.micro_batches = min(place.micro_batches, len(part))
             out = fn(h, part, ctx, place)
-            if self.rank == holders(pl)[dp_i]:
+            if self.rank == pl.holders()[dp_i]:
                 self.held[(call.name, t)] = out
             return
         stats = fn(h, batch, ctx, place)

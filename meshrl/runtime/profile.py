@@ -25,7 +25,6 @@ import torch.multiprocessing as mp
 
 from ..errors import UserError
 from .profile_cores import measure_cores
-from ..plan.estimator import ADAM_STEP_BYTES
 from .profile_layers import linear_fit, measure_layers, measure_optimizer, median_time
 from .profile_pipeline import measure_pipeline_hop
 
@@ -130,11 +129,7 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
         matmul = measure_matmul(HIDDEN_QUICK if quick else HIDDEN_FULL, reps)
         mem_bw = measure_mem_bw((16 if quick else 256) << 20, reps)
         layers = measure_layers(quick, reps)  # 1- and DEEP-layer models timed alternately
-        optimizer = measure_optimizer(reps)
-        # What the step takes beyond its bytes (ADAM_STEP_BYTES per parameter, the estimator's
-        # bandwidth term), per tensor: the per-tensor kernels and Python of foreach=False AdamW.
-        optimizer["sec_per_tensor"] = max(
-            optimizer["step_s"] - ADAM_STEP_BYTES * optimizer["params"] / mem_bw, 0.0) / optimizer["tensors"]
+        optimizer = measure_optimizer(reps, mem_bw)  # per tensor: foreach=False AdamW's kernels and Python
     finally:
         torch.set_num_threads(prev)
     colls: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}

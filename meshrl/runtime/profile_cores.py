@@ -18,27 +18,19 @@ this curve; nothing in it is assumed but processor sharing beyond the largest k 
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
+from ..plan.hardware import usable_cores
 from .launch import RankPool
 
 WORK = (4, 32)  # sequences x tokens per step of the tiny model: ~30 ms of forward + backward alone
 ROUNDS = 3  # passes over every k; the curve takes the median (--quick: one)
 MAX_RANKS = 8  # the largest k measured; beyond it the simulator assumes processor sharing
 _state: dict = {}
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask), which containers and taskset narrow."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def contention_ranks(cores: int, quick: bool) -> tuple[int, ...]:

@@ -162,13 +162,14 @@ def measure_layers(quick: bool, reps: int) -> dict[str, dict]:
     return out
 
 
-def measure_optimizer(reps: int) -> dict:
+def measure_optimizer(reps: int, mem_bw: float) -> dict:
     """One optimizer step of the tiny model as the runtime takes it on one rank (the whole-model
     gradient clip, ZeRO-1 AdamW with ``foreach=False``, clearing the gradients): on a CPU its cost
     is mostly per tensor (a dozen small kernels each), not bytes. -> {step_s, tensors, params,
-    sec_per_tensor}: what the step takes beyond reading and writing its 28 B per parameter at the
-    measured memory bandwidth, per parameter tensor (the caller adds that bandwidth term)."""
+    sec_per_tensor}: what the step takes beyond its bytes (ADAM_STEP_BYTES per parameter at
+    ``mem_bw``, the estimator's bandwidth term), per parameter tensor."""
     from ..parallel.data import AdamWConfig, ZeroAdamW, clip_grad_norm
+    from ..plan.estimator import ADAM_STEP_BYTES
     from ..parallel.groups import Axis
 
     model = build_model(get_preset("tiny"))
@@ -190,5 +191,6 @@ def measure_optimizer(reps: int) -> dict:
         opt.zero_grad()
 
     t_step, t_grads = pair_medians(step, grads_only, reps)
-    params = sum(p.numel() for p in named.values())
-    return {"step_s": t_step - t_grads, "tensors": len(named), "params": params}
+    step_s, params = t_step - t_grads, sum(p.numel() for p in named.values())
+    return {"step_s": step_s, "tensors": len(named), "params": params,
+            "sec_per_tensor": max(step_s - ADAM_STEP_BYTES * params / mem_bw, 0.0) / len(named)}

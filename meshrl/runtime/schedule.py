@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from ..algo.graph import Call, Graph
 from ..plan.execution_plan import ExecutionPlan
-from ..parallel.mesh import Placement
 
 
 @dataclass(frozen=True)
@@ -70,18 +69,13 @@ def home_calls(graph: Graph) -> dict[str, str]:
     return out
 
 
-def holders(placement: Placement) -> tuple[int, ...]:
-    """The rank holding each dp replica's outputs: tp index 0 on the last pipeline stage."""
-    return placement.holders()
-
-
 def _transfer(plan: ExecutionPlan, p: str, c: Call, t: int, have: dict[tuple[str, int], set[int]]) -> list[Step]:
     """The step that brings p's outputs of iteration t to the ranks of c that lack them (none if all have)."""
     have_p = have[(p, t)]
     receivers = tuple(r for r in plan.calls[c.name].mesh.ranks if r not in have_p)
     if not receivers:
         return []
-    senders = holders(plan.calls[p].placement)
+    senders = plan.calls[p].placement.holders()
     have_p.update(receivers)
     return [Step("transfer", t, c.name, tuple(sorted(set(senders) | set(receivers))), src_call=p,
                  senders=senders, receivers=receivers)]
@@ -138,10 +132,8 @@ def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, ahead: bool 
                 out += _call_steps(graph, plan, c, t, homes, have)
         else:
             # Hand this iteration's samples on before the same ranks generate the next ones.
-            for c in rest:
-                for p in graph.parents(c.name):
-                    if any(p == g.name for g in gen):
-                        out += _transfer(plan, p, c, t, have)
+            for g in gen:
+                out += _hand_on(graph, plan, g.name, t, have)
             if t + 1 < stop:
                 for c in gen:
                     out += _call_steps(graph, plan, c, t + 1, homes, have, hand_on=False)
@@ -164,4 +156,4 @@ def _first_generations(graph: Graph) -> list[Call]:
 
 def report_rank(plan: ExecutionPlan, call: str) -> int:
     """The rank that reports a call's statistics: the holder of dp replica 0."""
-    return holders(plan.calls[call].placement)[0]
+    return plan.calls[call].placement.holders()[0]

@@ -10,7 +10,7 @@ from meshrl.config import load_config
 from meshrl.plan.problem import problem_from_config
 from meshrl.plan.simulator import build_events
 from meshrl.plan.strategies import build
-from meshrl.runtime.schedule import holders, steps
+from meshrl.runtime.schedule import steps
 
 from runtime_util import random_plan
 
@@ -88,7 +88,7 @@ def test_every_rank_of_a_call_has_its_inputs_first(algo):
         have: dict[tuple[str, int], set[int]] = {}
         for s in steps(graph, plan, 0, 2):
             if s.kind == "transfer":
-                assert s.senders == holders(plan.calls[s.src_call].placement)
+                assert s.senders == plan.calls[s.src_call].placement.holders()
                 assert set(s.receivers) <= set(plan.calls[s.call].mesh.ranks)
                 have.setdefault((s.src_call, s.iteration), set()).update(s.receivers)
             if s.kind == "call":
