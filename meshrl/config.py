@@ -57,6 +57,8 @@ class TrainConfig:
     seed: int = 1
     threads: int = 1  # torch CPU threads; the tiny demo model gains nothing from more, and extra
     # threads collapse when other processes share the cores
+    off_policy: int = 0  # 1: generation of iteration t+1 runs while iteration t trains, from weights one
+    # update old (one step off-policy; a disaggregated plan then overlaps generation and training)
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or
     # reallocation may wait for another rank; a hanging rank ends the job after about this long
 

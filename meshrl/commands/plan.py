@@ -27,8 +27,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--gantt", metavar="FILE.png", help="write the chosen plan's Gantt chart here")
     p.add_argument("--budget", type=float, default=5.0, help="search time budget in seconds (default 5)")
     p.add_argument("--seed", type=int, default=0, help="search random seed")
-    p.add_argument("--async", dest="async_gen", type=int, choices=(0, 1), default=None,
-                   help="1: generation runs one iteration ahead of training (one step off-policy)")
     p.add_argument("--profile", metavar="FILE", help="measured profile for cluster.device=cpu "
                    "(default $MESHRL_PROFILE or ~/.cache/meshrl/profile-cpu.json)")
     p.add_argument("--save", metavar="FILE.json", help="write the chosen plan here (meshrl train --plan FILE)")
@@ -55,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(config, overrides)
     if args.validate:
         check_validate(cfg, args)
-    problem = problem_from_config(cfg, args.profile, args.async_gen)
+    problem = problem_from_config(cfg, args.profile)
     results, search_s = compare(problem, names, args.budget, args.seed)
     chosen = "search" if "search" in results else names[0]
     res = results[chosen]
@@ -68,14 +66,17 @@ def run(args: argparse.Namespace) -> int:
         res.timeline.save_gantt(args.gantt)
     if args.save:
         Path(args.save).write_text(res.plan.to_json())
+    flipped = off_policy_times(problem, results)
     if args.json:
-        print(json.dumps({"strategies": {n: r.to_dict() for n, r in results.items()}, "search_s": search_s}))
+        print(json.dumps({"strategies": {n: r.to_dict() for n, r in results.items()}, "search_s": search_s,
+                          "off_policy": {"train.off_policy": problem.off_policy,
+                                         "iteration_s_with_the_other": flipped}}))
         return 0
     c = problem.cluster
     print(f"{cfg.algo} on {c.nodes} x {c.devices_per_node} {problem.hw.name} "
           f"({problem.hw.mem_bytes / 2**30:.0f} GiB each); {problem.shape.batch_size} prompts x "
           f"{problem.shape.samples_per_prompt} samples, {problem.shape.prompt_len} + {problem.shape.gen_len} tokens"
-          f"{'; async generation' if problem.async_gen else ''}")
+          f"{'; generation one step off-policy (train.off_policy=1)' if problem.off_policy else ''}")
     print(f"\nplan: {chosen}")
     print(plan_table(problem, res.plan))
     print()
@@ -84,9 +85,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"(search: {search_s:.1f} s)")
     print()
     print(explain(problem, results, chosen))
+    print(off_policy_line(problem, results, chosen, flipped))
     if args.validate:
         return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks)
     return 0
+
+
+def off_policy_times(problem, results: dict) -> dict[str, float]:
+    """Each strategy's plan priced with train.off_policy flipped (what allowing, or forbidding, one
+    step off-policy generation changes for this cluster; the plans are kept as they are)."""
+    from dataclasses import replace
+
+    from ..plan.simulator import iteration_time
+
+    other = replace(problem, off_policy=1 - problem.off_policy)
+    return {n: iteration_time(other, r.plan) for n, r in results.items() if r.feasible}
+
+
+def off_policy_line(problem, results: dict, chosen: str, flipped: dict[str, float]) -> str:
+    """One line: what train.off_policy=1 would save (or what it saves now) with the chosen plan and
+    with the best plan under each setting."""
+    if chosen not in flipped:
+        return "train.off_policy: the chosen plan does not fit, nothing to compare"
+    now = {n: r.timeline.iteration_s for n, r in results.items() if r.feasible}
+    on, off = (now, flipped) if problem.off_policy else (flipped, now)
+    best_on, best_off = min(on, key=on.get), min(off, key=off.get)
+    saved = 1 - on[best_on] / off[best_off] if off[best_off] > 0 else 0.0
+    return (f"train.off_policy=1 (generation one step off-policy: the config's choice, it changes results) "
+            f"{'saves' if problem.off_policy else 'would save'} {saved:.0%} of an iteration: best plan "
+            f"{best_on} {on[best_on]:.3g} s against {best_off} {off[best_off]:.3g} s on-policy")
 
 
 def check_validate(cfg, args: argparse.Namespace) -> None:

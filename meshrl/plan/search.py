@@ -191,8 +191,8 @@ def search(problem: Problem, budget_s: float = 5.0, seed: int = 0, max_evals: in
                 seeds.append(build(problem))
             except UserError:
                 continue
-    fastest = ExecutionPlan(problem.cluster, {n: c[0] for n, c in cands.items()}, "search", problem.async_gen)
-    starts = [replace(p, strategy="search", async_gen=problem.async_gen) for p in seeds] + [fastest]
+    fastest = ExecutionPlan(problem.cluster, {n: c[0] for n, c in cands.items()}, "search")
+    starts = [replace(p, strategy="search") for p in seeds] + [fastest]
     evals = 0
     chains: list[tuple[ExecutionPlan, float]] = []
     for p in starts:
@@ -254,7 +254,7 @@ def exhaustive(problem: Problem, time_limit_s: float = 600.0, upper: ExecutionPl
         # Each device runs its calls one at a time in every iteration: the busiest bounds the mean.
         if max(load) >= best[1] or (sum(load) + rest_area[i]) / n_dev >= best[1]:
             return
-        plan = ExecutionPlan(problem.cluster, calls, "exhaustive", problem.async_gen)
+        plan = ExecutionPlan(problem.cluster, calls, "exhaustive")
         if calls and max(problem.device_memory(plan)) > problem.hw.mem_bytes:
             return
         evals[0] += 1

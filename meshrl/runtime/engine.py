@@ -25,14 +25,15 @@ from ..algo import setup
 from ..algo.batch import Batch
 from ..algo.common import CallContext
 from ..algo.graph import Graph, graph_for
+from ..algo.calls import Place, implementation, row_wise
+from ..algo.evaluate import Evaluation, evaluations
+from ..algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..algo.registry import tensor_keys
-from ..algo.trainer import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..config import Config
 from ..parallel.groups import GroupCache
 from ..plan.execution_plan import ExecutionPlan
-from ..algo.calls import Place, implementation, row_wise
 from .roles import RoleModels, build_roles, initial_states
-from .schedule import Step, report_rank, steps
+from ..plan.steps import Step, report_rank, steps
 from .transfer import exchange
 
 
@@ -41,6 +42,8 @@ class RankLog:
     """What one rank measured in one iteration: stats it reports, seconds per step, trace events."""
 
     stats: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, float] = field(default_factory=dict)  # parts of a figure that rank 0 adds up
+    tokens: float = 0.0  # real tokens of the iteration's batch (the train calls' reporting ranks)
     seconds: dict[str, float] = field(default_factory=dict)
     events: list[tuple[str, str, float, float]] = field(default_factory=list)  # (name, kind, start, dur)
 
@@ -59,6 +62,7 @@ class Engine:
         self.data = dataset(cfg, self.tok)  # prompts (RL), SFT sequences or preference pairs
         self.roles: dict[str, RoleModels] = build_roles(cfg, self.graph, plan, initial_states(cfg, self.tok, log, warm),
                                                         cache, timeout_s)
+        self.evals: list[Evaluation] = evaluations(cfg, self.tok)
         self.store: dict[int, Batch] = {}
         self.held: dict[tuple[str, int], Batch] = {}
         self.logs: dict[int, RankLog] = {}
@@ -69,7 +73,7 @@ class Engine:
         """Iterations start..stop-1. ``on_end(t, logs)`` runs on every rank after iteration t, with
         all ranks' logs on rank 0 (None elsewhere). ``ahead``: iteration start's generation (async)
         is already in ``held`` (restored from a checkpoint), so it is not run again."""
-        for step in steps(self.graph, self.plan, start, stop, ahead):
+        for step in steps(self.graph, self.plan, start, stop, self.cfg.train.off_policy, ahead):
             if self.rank not in step.ranks:
                 continue
             self._mark(step)
@@ -85,6 +89,7 @@ class Engine:
                 raise RuntimeError(f"rank {self.rank} failed in step '{step.name}' of iteration "
                                    f"{step.iteration}: {type(e).__name__}: {e}") from e
             if step.kind == "end":
+                self._evaluate(step.iteration)
                 on_end(step.iteration, self._gather(step.iteration))
                 continue
             lg = self.logs.setdefault(step.iteration, RankLog())
@@ -173,8 +178,24 @@ class Engine:
         if self.rank == report_rank(self.plan, call.name):
             lg = self.logs.setdefault(t, RankLog())
             lg.stats.update(stats)
+            lg.tokens = float(batch.tokens().sum())
             if call.role == "actor" and self.cfg.algo in RL_ALGOS:
                 lg.stats.update(rollout_metrics(batch))
+
+    def _evaluate(self, t: int) -> None:
+        """The evaluations due at iteration t, each on its role's home placement (algo/evaluate.py)."""
+        for ev in self.evals:
+            pl = self.roles[ev.role].home
+            if not ev.due(t) or self.rank not in pl.mesh:
+                continue
+            dp_i = pl.coords_of(self.rank)[0]
+            rows = ev.rows(t)
+            part = rows.split(pl.layout.dp)[dp_i]
+            place = Place(dp_i, pl.layout.dp, 1, holds_output=self.rank == pl.holders()[dp_i])
+            got = ev.fn(self.roles[ev.role].handle(pl), part, CallContext(self.cfg, t, self.tok, ev.algo), place)
+            if got is not None:
+                sums = self.logs.setdefault(t, RankLog()).sums
+                sums[ev.metric] = sums.get(ev.metric, 0.0) + got / len(rows)
 
     def _transfer(self, step: Step) -> None:
         t = step.iteration

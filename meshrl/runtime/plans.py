@@ -28,7 +28,7 @@ def run_cluster(cfg: Config, world: int) -> Cluster:
     return Cluster(1, world, c.device)
 
 
-def _problem(cfg: Config, cluster: Cluster, async_gen: int | None):
+def _problem(cfg: Config, cluster: Cluster):
     from ..plan.problem import problem_from_config
 
     pcfg = copy.deepcopy(cfg)
@@ -37,7 +37,7 @@ def _problem(cfg: Config, cluster: Cluster, async_gen: int | None):
     if cluster.device == "cpu" and not _has_cpu_profile():
         pcfg.cluster.device = STAND_IN_DEVICE
         note = f"(no CPU profile: plan shape chosen with {STAND_IN_DEVICE} costs; run `meshrl profile` for real ones)"
-    return problem_from_config(pcfg, async_gen=async_gen), note
+    return problem_from_config(pcfg), note
 
 
 def _has_cpu_profile() -> bool:
@@ -45,7 +45,7 @@ def _has_cpu_profile() -> bool:
     return Path(path).is_file()
 
 
-def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = None) -> tuple[ExecutionPlan, str]:
+def resolve_plan(cfg: Config, spec: str, world: int) -> tuple[ExecutionPlan, str]:
     """(plan, a note for the log). ``spec``: a strategy name, 'search', or a plan JSON file."""
     cluster = run_cluster(cfg, world)
     note = ""
@@ -55,9 +55,13 @@ def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = Non
     if spec.endswith(".json") or Path(spec).is_file():
         plan = ExecutionPlan.load(spec)
         if plan.cluster.size != world:
-            raise UserError(f"plan {spec} is for {plan.cluster.size} devices, but this run has {world} ranks")
+            raise UserError(f"plan file {spec} is for {plan.cluster.size} devices, but this run has {world} ranks")
+        try:
+            check_plan(cfg, plan)
+        except UserError as e:
+            raise UserError(f"plan file {spec}: {e}") from None
     else:
-        problem, note = _problem(cfg, cluster, async_gen)
+        problem, note = _problem(cfg, cluster)
         if spec == "search":
             from ..plan.search import search
 
@@ -67,8 +71,6 @@ def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = Non
 
             plan = build(problem, spec)
         plan.cluster = cluster
-    if async_gen is not None:
-        plan.async_gen = async_gen
     check_plan(cfg, plan)
     return plan, note
 

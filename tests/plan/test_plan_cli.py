@@ -30,14 +30,28 @@ def test_plan_prints_call_table_comparison_and_explanation(capsys, tmp_path):
 def test_plan_json_schema(capsys):
     assert main(["plan", *BASE, "--json", "--budget", "0.5"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data) == {"strategies", "search_s"} and data["search_s"] > 0
+    assert set(data) == {"strategies", "search_s", "off_policy"} and data["search_s"] > 0
     assert set(data["strategies"]) == set(NAMES)
+    # what train.off_policy=1 would change: every feasible strategy's plan priced with it
+    assert data["off_policy"]["train.off_policy"] == 0
+    other = data["off_policy"]["iteration_s_with_the_other"]
+    assert set(other) == {n for n, e in data["strategies"].items() if e["feasible"]}
+    assert all(other[n] <= data["strategies"][n]["iteration_s"] * (1 + 1e-9) for n in other)
     for entry in data["strategies"].values():
         assert set(entry) == {"iteration_s", "pflops", "peak_mem_gib", "feasible", "plan"}
         assert entry["iteration_s"] > 0 and entry["pflops"] > 0 and isinstance(entry["feasible"], bool)
         assert "calls" in entry["plan"]
     feasible = [e["iteration_s"] for n, e in data["strategies"].items() if e["feasible"] and n != "search"]
     assert data["strategies"]["search"]["iteration_s"] <= min(feasible) * (1 + 1e-9)
+
+
+def test_plan_reports_what_off_policy_would_save(capsys):
+    """The table run names the saving of one step off-policy; a plan option can no longer set it."""
+    assert main(["plan", *BASE, "--strategy", "disaggregated"]) == 0
+    out = capsys.readouterr().out
+    assert "train.off_policy=1" in out and "would save" in out
+    assert main(["plan", *BASE, "train.off_policy=1", "--strategy", "disaggregated"]) == 0
+    assert "saves" in capsys.readouterr().out
 
 
 def test_one_strategy(capsys):
