@@ -155,6 +155,38 @@ class Config:
                          ("data.samples_per_prompt", self.data.samples_per_prompt)):
             if val < 1:
                 raise UserError(f"{key} must be >= 1, got {val}")
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        """Every numeric key in its meaningful range, and no empty name: one message naming the key."""
+        for key, (lo, lo_open, hi) in RANGES.items():
+            section, name = key.split(".")
+            val = getattr(getattr(self, section), name)
+            if val < lo or (lo_open and val == lo) or (hi is not None and val > hi):
+                want = f"{'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
+                raise UserError(f"{key} must be {want}, got {val}")
+        if self.train.off_policy not in (0, 1):
+            raise UserError(f"train.off_policy must be 0 or 1, got {self.train.off_policy}")
+        named = [("cluster.device", self.cluster.device), ("reward.rule", self.reward.rule),
+                 ("data.path", self.data.path)]
+        named += [(f"models.{r}.{k}", getattr(getattr(self.models, r), k))
+                  for r in ("actor", "critic", "ref", "reward") for k in ("preset", "path")]
+        for key, val in named:
+            if isinstance(val, str) and not val.strip():
+                raise UserError(f"{key} is empty; give a value or leave the key out")
+
+
+# key -> (lowest value, whether the lowest itself is refused, highest or None)
+RANGES: dict[str, tuple[float, bool, float | None]] = {
+    "train.iterations": (1, False, None), "train.threads": (1, False, None), "train.seed": (0, False, None),
+    "train.timeout": (0, True, None), "optim.lr": (0, True, None), "optim.critic_lr": (0, True, None),
+    "optim.weight_decay": (0, False, None), "optim.grad_clip": (0, False, None),
+    "ppo.clip": (0, True, None), "ppo.value_clip": (0, True, None), "ppo.gamma": (0, False, 1),
+    "ppo.lam": (0, False, 1), "ppo.kl_coef": (0, False, None), "ppo.entropy_coef": (0, False, None),
+    "gen.temperature": (0, True, None), "gen.top_k": (0, False, None), "gen.top_p": (0, True, 1),
+    "sft.steps": (1, False, None), "sft.lr": (0, True, None), "sft.batch_size": (1, False, None),
+    "dpo.beta": (0, True, None),
+}
 
 
 def _field_types(cls) -> dict[str, object]:

@@ -96,7 +96,7 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
     shutil.rmtree(status, ignore_errors=True)
     status.mkdir()
     if nprocs == 1:
-        return _in_process(cfg, plan, out, start, timeout_s, status, quiet, progress)
+        return in_process(cfg, plan, str(out), start, timeout_s, status, quiet, progress)
     from .launch import RankError, RankPool
     from .run import rank_main
 
@@ -108,8 +108,8 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
         raise RuntimeError(_failure(status, e)) from None
 
 
-def _in_process(cfg: Config, plan: ExecutionPlan, out: Path, start: int, timeout_s: float, status: Path,
-                quiet: bool, progress: bool) -> list[dict] | None:
+def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0, timeout_s: float = 300.0,
+               status: Path | None = None, quiet: bool = True, progress: bool = False) -> list[dict] | None:
     """One rank, here: a world of one (gloo on CPU, NCCL on a GPU) over an in-memory store, so a
     one-device run is the same runtime as any other, without a process to spawn."""
     import datetime
@@ -129,7 +129,7 @@ def _in_process(cfg: Config, plan: ExecutionPlan, out: Path, start: int, timeout
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
-        return rank_main(cfg, plan, str(out), start, timeout_s, str(status), quiet, 1, progress)
+        return rank_main(cfg, plan, out, start, timeout_s, str(status) if status else None, quiet, 1, progress)
     finally:
         dist.destroy_process_group()
 
