@@ -34,6 +34,8 @@ def validate_recipes(cfg) -> None:
         raise UserError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}")
     if cfg.data.filter_rounds < 1:
         raise UserError(f"data.filter_rounds must be >= 1, got {cfg.data.filter_rounds}")
+    if cfg.data.filter_groups and cfg.algo not in ("ppo", "grpo", "remax", "rloo"):
+        raise UserError(f"data.filter_groups=true is for ppo, grpo, remax and rloo, not algo={cfg.algo}")
     if cfg.data.filter_groups and cfg.algo not in ("grpo", "rloo") and cfg.data.samples_per_prompt < 2:
         raise UserError("data.filter_groups=true needs groups: data.samples_per_prompt >= 2 (or algo=grpo/rloo)")
     if cfg.data.chat_template and cfg.models.actor.path is None:

@@ -174,7 +174,7 @@ class Engine:
             lg = self.logs.setdefault(t, RankLog())
             lg.stats.update(stats)
             if call.role == "actor" and self.cfg.algo in RL_ALGOS:
-                lg.stats.update(rollout_metrics(batch))
+                lg.stats.update(rollout_metrics(batch, self.cfg))
 
     def _transfer(self, step: Step) -> None:
         t = step.iteration
