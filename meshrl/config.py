@@ -141,6 +141,7 @@ class EvalConfig:
     path: str | None = None  # JSONL of {"prompt" (or "messages"), "answer"}; None = no evaluation
     every: int = 10  # iterations between evaluations (iteration 0 is always evaluated)
     samples: int = 1  # 1 = greedy accuracy; k > 1 = k samples per prompt, eval/pass@k
+    correct: float = 1.0  # a response counts as correct when its reward is >= this (the rules give 1)
 
 
 @dataclass

@@ -52,4 +52,6 @@ def validate_recipes(cfg) -> None:
         raise UserError(f"eval.samples must be >= 1, got {e.samples}")
     if e.path is not None and not Path(e.path).is_file():
         raise UserError(f"eval.path: file not found: {e.path}")
+    if e.path is not None and cfg.algo == "rm":
+        raise UserError("eval.path evaluates a policy; algo=rm trains no policy")
     validate_reward(cfg)

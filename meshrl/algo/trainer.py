@@ -27,6 +27,7 @@ from ..runtime.handles import LocalHandle
 from . import setup
 from .batch import Batch
 from .common import CallContext, Role, key_seed, keyed_generator, make_optimizer
+from .evaluate import eval_due, evaluate_local
 from .filtering import prompts_per_iteration
 from .graph import Graph, graph_for
 from .kl import kl_estimate
@@ -200,10 +201,11 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
     bar = tqdm(range(cfg.train.iterations), desc=algo, disable=not progress)
     for it in bar:
         t0 = time.perf_counter()
+        evaluated = evaluate_local(handles["actor"], cfg, tok, it) if eval_due(cfg, it) and "actor" in handles else {}
         ctx = CallContext(cfg, it, tok)
         batch = iteration_batch(data, cfg, it)
         batch, stats = run_graph(graph, handles, batch, ctx)
-        record = {"iteration": it, **(rollout_metrics(batch, cfg) if algo in RL_ALGOS else {}), **stats}
+        record = {"iteration": it, **(rollout_metrics(batch, cfg) if algo in RL_ALGOS else {}), **stats, **evaluated}
         if algo in ("sft", "dpo") and cfg.data.path is None:
             record.update(eval_policy(handles["actor"], prompts, cfg, tok, it))
         if algo == "rm" and heldout is not None and (it % 10 == 0 or it == cfg.train.iterations - 1):
