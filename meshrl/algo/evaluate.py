@@ -42,7 +42,7 @@ def eval_batch(cfg: Config, tok) -> Batch:
 def eval_rows(h, part: Batch, ctx: CallContext, place) -> Batch:
     """One replica's rows of the eval batch -> their responses' reward, row_id and sample index
     (``rewards``, ``row_id`` [b]), on every rank of the replica (generation's output is everywhere)."""
-    from ..runtime.calls import generate_rows
+    from .calls import generate_rows
 
     cfg = ctx.cfg
     seqs = generate_rows(h, part, ctx, place, greedy=cfg.eval.samples == 1)
@@ -65,7 +65,7 @@ def eval_metrics(rows: Batch, cfg: Config) -> dict[str, float]:
 
 def evaluate_local(h, cfg: Config, tok, iteration: int) -> dict[str, float]:
     """The whole evaluation on one process's handle (LocalHandle)."""
-    from ..runtime.calls import Place
+    from .calls import Place
 
     batch = eval_batch(cfg, tok)
     return eval_metrics(eval_rows(h, batch, CallContext(cfg, iteration, tok, algo="eval"), Place()), cfg)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ..model.config import ModelConfig, param_shapes
 from .data import AdamWConfig
 from .groups import GroupCache
-from .mesh import Placement
+from ..layout.mesh import Placement
 
 TOLERANCE = 1e-5  # float32; differences come only from the order of the tp/dp/micro-batch sums
 
@@ -118,7 +118,7 @@ def oracle(probe: Probe) -> dict:
     if key in _PROCESS:
         return _PROCESS[key]
     from ..model.generation import generate, sequence_logprobs
-    from .model import HeadOutputs
+    from ..model.heads import HeadOutputs
 
     model, batch = probe.build(), probe.batch()
     ids, mask = batch["input_ids"], batch["attention_mask"]

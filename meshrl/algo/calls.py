@@ -1,6 +1,6 @@
 """The one implementation of every call, on a model handle: batch in, batch out. The multi-rank
 engine runs them on the ranks of a layout (ParallelModel), the single-process trainer on one
-process (LocalHandle); meshrl/runtime/handles.py has the protocol. This file holds the RL calls,
+process (LocalHandle); meshrl/algo/handles.py has the protocol. This file holds the RL calls,
 calls_offline.py the SFT / reward-model / DPO ones; ``implementation`` picks a graph call's code.
 
 - inference calls (generate, scores, ref log-probs, values) are row-wise: each data-parallel
@@ -32,20 +32,20 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..algo.advantages import last_token_index
-from ..algo.batch import Batch
-from ..algo.common import CallContext, StatSum, minibatch_rows
-from ..algo.graph import Call
-from ..algo.kl import kl_estimate
-from ..algo.filtering import filter_groups
-from ..algo.losses import Norm, aggregate, policy_loss, value_loss
-from ..algo.lr_schedule import factor_at, set_lr_factor
-from ..algo.objectives import critic_free_advantages, kl_settings, ppo_advantages
-from ..algo.registry import SEQ_KEYS
-from ..algo.rollout import generation_config, pack_generation
-from ..algo.scoring import function_scores, train_records, with_overlong
-from ..parallel.model import HeadOutputs
+from ..model.heads import HeadOutputs
+from .advantages import last_token_index
+from .batch import Batch
+from .common import CallContext, StatSum, minibatch_rows
+from .filtering import filter_groups
+from .graph import Call
 from .handles import ModelHandle
+from .kl import kl_estimate
+from .losses import Norm, aggregate, policy_loss, value_loss
+from .lr_schedule import factor_at, set_lr_factor
+from .objectives import critic_free_advantages, kl_settings, ppo_advantages
+from .registry import SEQ_KEYS
+from .rollout import generation_config, pack_generation
+from .scoring import function_scores, train_records, with_overlong
 
 
 @dataclass
