@@ -45,6 +45,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="colocated | interleaved | disaggregated | heuristic | search | a plan file "
                    "(default with --nprocs: colocated)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (without it, an existing run is refused)")
 
 
 def _reparse(args: argparse.Namespace) -> argparse.Namespace:
@@ -57,7 +59,7 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(items=args.items + more.items, out=more.out or args.out,
                               no_progress=args.no_progress or more.no_progress,
                               nprocs=more.nprocs or args.nprocs, plan=more.plan or args.plan,
-                              resume=args.resume or more.resume)
+                              resume=args.resume or more.resume, overwrite=args.overwrite or more.overwrite)
 
 
 def split_items(items: list[str]) -> tuple[str | None, list[str]]:
@@ -86,6 +88,7 @@ def sizes_line(cfg) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import dump_yaml, load_config
+    from .rundir import check_out, clear_run
 
     args = _reparse(args)
     config, overrides = split_items(args.items)
@@ -94,11 +97,12 @@ def run(args: argparse.Namespace) -> int:
     if is_demo:  # the demo's sizes for this algorithm, then the user's overrides on top
         cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
     out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a directory")
+    check_out(out, args.resume, args.overwrite)
     for key, spec in vars(cfg.models).items():
         if spec.path is not None and not Path(spec.path).is_dir():
             raise UserError(f"models.{key}.path: no checkpoint directory at {spec.path}")
+    if args.overwrite:
+        clear_run(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_yaml(cfg))
 
