@@ -94,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
     except RankError as e:
         print(f"meshrl check: a rank failed: {e}", file=sys.stderr)
         return 1
-    ok = all(r["ok"] for r in results)
+    ok = bool(results) and all(r["ok"] for r in results)  # no layout run is no evidence
     if args.json:
+        results = [{k: (None if v != v else v) for k, v in r.items()} for r in results]  # nan: not reported
         print(json.dumps({"model": args.model, "tolerance": TOLERANCE, "results": results,
                           "skipped": [{"placement": p, "reason": why} for p, why in skipped], "ok": ok}))
     else:
@@ -114,3 +115,5 @@ def _print_row(r: dict) -> None:
           f"{r['params_max_rel_diff']:.1e}  greedy {'equal' if r['generate_equal'] else 'DIFFERENT'}  "
           f"sampled {'equal' if r['sample_equal'] else 'DIFFERENT'}  "
           f"{'ok' if r['ok'] else 'FAIL'}  ({r['seconds']:.1f} s)", flush=True)
+    for what in r.get("missing", []):
+        print(f"    missing: {what}")
