@@ -96,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     ok = bool(results) and all(r["ok"] for r in results)  # no layout run is no evidence
     if args.json:
-        results = [{k: (None if v != v else v) for k, v in r.items()} for r in results]  # nan: not reported
         print(json.dumps({"model": args.model, "tolerance": TOLERANCE, "results": results,
                           "skipped": [{"placement": p, "reason": why} for p, why in skipped], "ok": ok}))
     else:
@@ -110,10 +109,14 @@ def run(args: argparse.Namespace) -> int:
 def _print_row(r: dict) -> None:
     ranks = r["ranks"]
     where = f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
-    print(f"{r['layout']:>11}@{where:<5} logits {r['logits_max_rel_diff']:.1e}  logprobs "
-          f"{r['logprobs_max_rel_diff']:.1e}  grads {r['grads_max_rel_diff']:.1e}  params "
-          f"{r['params_max_rel_diff']:.1e}  greedy {'equal' if r['generate_equal'] else 'DIFFERENT'}  "
+    print(f"{r['layout']:>11}@{where:<5} logits {_num(r['logits_max_rel_diff'])}  logprobs "
+          f"{_num(r['logprobs_max_rel_diff'])}  grads {_num(r['grads_max_rel_diff'])}  params "
+          f"{_num(r['params_max_rel_diff'])}  greedy {'equal' if r['generate_equal'] else 'DIFFERENT'}  "
           f"sampled {'equal' if r['sample_equal'] else 'DIFFERENT'}  "
           f"{'ok' if r['ok'] else 'FAIL'}  ({r['seconds']:.1f} s)", flush=True)
     for what in r.get("missing", []):
         print(f"    missing: {what}")
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1e}"

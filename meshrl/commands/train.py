@@ -88,6 +88,7 @@ def sizes_line(cfg) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import dump_yaml, load_config
+    from ..algo.inputs import check_inputs, warmup_plan
     from .rundir import check_out, clear_run
 
     args = _reparse(args)
@@ -98,9 +99,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
     out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
     check_out(out, args.resume, args.overwrite)
-    for key, spec in vars(cfg.models).items():
-        if spec.path is not None and not Path(spec.path).is_dir():
-            raise UserError(f"models.{key}.path: no checkpoint directory at {spec.path}")
+    if args.nprocs is not None and args.nprocs < 1:
+        raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")
+    check_inputs(cfg)  # every model, dataset and rule now, before any warm-up or rank starts
+    check_plan_spec(cfg, args.plan, args.nprocs or 1)
     if args.overwrite:
         clear_run(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    note = warmup_plan(cfg)[1]
+    if note:
+        print(f"note: {note}")
     if args.nprocs is not None or args.plan is not None or args.resume:
         return run_distributed(cfg, args, out)
     from ..algo.trainer import train
@@ -126,6 +131,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"outputs in {out}/: config.yaml, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
           f"{result.model_dir.name}/ (Hugging Face checkpoint)")
     return 0
+
+
+def check_plan_spec(cfg, spec: str | None, world: int) -> None:
+    """``--plan``: a strategy name, or a plan file that exists, parses and fits this run (checked
+    before anything is written; under torchrun the world is the job's)."""
+    import os
+
+    from ..plan.strategies import BUILDERS
+
+    if spec is None or spec in BUILDERS or spec == "search":
+        return
+    if not Path(spec).is_file():
+        if spec.endswith(".json") or Path(spec).exists():
+            raise UserError(f"--plan {spec}: no such plan file")
+        raise UserError(f"--plan {spec!r} is neither a strategy ({', '.join([*BUILDERS, 'search'])}) nor a plan file")
+    from ..runtime.plans import resolve_plan
+
+    resolve_plan(cfg, spec, int(os.environ.get("WORLD_SIZE", world)))
 
 
 def run_distributed(cfg, args: argparse.Namespace, out: Path) -> int:

@@ -285,7 +285,7 @@ def summarize(placement_text: str, per_rank: list[dict | None]) -> dict:
     placement = Placement.parse(placement_text)
     got = [r for r in per_rank if r is not None]
     missing = missing_evidence(placement, per_rank)
-    worst = {k: max((r[k] for r in got if k in r), default=float("nan"))
+    worst = {k: _worst(*(r[k] for r in got if k in r))
              for k in ("logits", "logprobs", "values", "grads", "params", "loss", "full_state", "grad_norm")}
     rec = {"layout": str(placement.layout), "ranks": list(placement.mesh.ranks),
            "logits_max_rel_diff": _worst(worst["logits"], worst["values"]),
@@ -296,13 +296,17 @@ def summarize(placement_text: str, per_rank: list[dict | None]) -> dict:
            "sample_equal": bool(got) and all(r.get("sample_equal", True) for r in got)}
     if missing:
         rec["missing"] = missing
+    # what must be there is checked by missing_evidence; a figure no rank should report (a value
+    # model's logprobs) is None and is not compared; a nan difference fails
     rec["ok"] = not missing and rec["generate_equal"] and rec["sample_equal"] and all(
-        rec[k] <= TOLERANCE for k in ("logits_max_rel_diff", "logprobs_max_rel_diff", "loss_max_rel_diff",
-                                      "grads_max_rel_diff", "params_max_rel_diff"))
+        rec[k] is None or rec[k] <= TOLERANCE for k in ("logits_max_rel_diff", "logprobs_max_rel_diff",
+                                                        "loss_max_rel_diff", "grads_max_rel_diff", "params_max_rel_diff"))
     return rec
 
 
-def _worst(*values: float) -> float:
-    """The largest of the values that were reported (nan if none was: nan <= tol is False)."""
-    seen = [v for v in values if v == v]
-    return max(seen) if seen else float("nan")
+def _worst(*values: float | None) -> float | None:
+    """The largest of the reported values (None if none was; nan if any is nan)."""
+    seen = [v for v in values if v is not None]
+    if any(v != v for v in seen):
+        return float("nan")
+    return max(seen) if seen else None

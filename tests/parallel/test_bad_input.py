@@ -114,5 +114,6 @@ def test_summary_fails_when_evidence_is_missing():
     last = [r for r in range(4) if Placement.parse("dp2tp1pp2@0-3").coords_of(r)[2] == 1][0]
     no_logits = [{k: v for k, v in r.items() if not (r["rank"] == last and k == "logits")} for r in ranks]
     assert not summarize("dp2tp1pp2@0-3", no_logits)["ok"]
+    assert not summarize("dp2tp1pp2@0-3", [ranks[0], {**ranks[1], "loss": float("nan")}, *ranks[2:]])["ok"]
     no_full = [{k: v for k, v in r.items() if k != "full_state"} for r in ranks]
     assert summarize("dp2tp1pp2@0-3", no_full)["missing"] == ["no rank: full_state"]
