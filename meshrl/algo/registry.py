@@ -1,6 +1,6 @@
 """What each graph key means as batch tensors: the data contract of every call in one place (verl
 style). A graph key (what the planner sees) names a group of batch tensors (what the code moves).
-The calls' code is meshrl/runtime/calls.py and calls_offline.py (``implementation``)."""
+The calls' code is meshrl/algo/calls.py and calls_offline.py (``implementation``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pure helpers of the rollout calls (meshrl/runtime/calls.py runs the calls themselves).
+"""Pure helpers of the rollout calls (meshrl/algo/calls.py runs the calls themselves).
 
 The token layout of every RL batch is in batch.py (P = prompt_len, N = gen_len).
 """

@@ -4,7 +4,7 @@ iteration, passing one Batch from call to call. It reads top to bottom as the st
     warm-up SFT (demo only) -> for each iteration: choose data -> run every call in graph order
     -> metrics (JSONL, TensorBoard, one console line) -> save the trained model
 
-Every call is the runtime's own code (meshrl/runtime/calls.py, calls_offline.py) run on a
+Every call is the runtime's own code (meshrl/algo/calls.py, calls_offline.py) run on a
 one-process handle (LocalHandle), so this trainer and every multi-rank plan share one
 implementation. Each call gets only its role and the batch keys it declared, and must return
 exactly the keys it declared (checked here).
@@ -21,9 +21,9 @@ import torch
 
 from ..config import Config
 from ..observe.metrics import MetricsWriter, no_signal_note, summary_line
-from ..runtime.calls import Place, generate_rows, implementation, row_wise, score_rows
-from ..runtime.calls_offline import sft_train
-from ..runtime.handles import LocalHandle
+from .calls import Place, generate_rows, implementation, row_wise, score_rows
+from .calls_offline import sft_train
+from .handles import LocalHandle
 from . import setup
 from .batch import Batch
 from .common import CallContext, Role, key_seed, keyed_generator, make_optimizer

@@ -41,9 +41,9 @@ def _model_config(arg: str):
 
 
 def _realloc_run(args: argparse.Namespace) -> int:
-    from ..parallel.mesh import Placement
-    from ..realloc.plan import realloc_plan
-    from ..realloc.shardmap import shard_map
+    from ..layout.mesh import Placement
+    from ..layout.realloc_plan import realloc_plan
+    from ..layout.shardmap import shard_map
 
     cfg = _model_config(args.model)
     src, dst = Placement.parse(args.src), Placement.parse(args.dst)

@@ -53,9 +53,9 @@ def default_placements(nprocs: int) -> list[str]:
 
 def _validate(args: argparse.Namespace) -> tuple[object, list[str], list[tuple[str, str]]]:
     """-> (probe, placements to run, [(placement, why skipped)]). Raises UserError on bad input."""
-    from ..parallel.mesh import Placement
+    from ..layout.mesh import Placement
     from ..parallel.verify import Probe
-    from ..realloc.shardmap import check_shardable
+    from ..layout.shardmap import check_shardable
 
     if args.nprocs < 1:
         raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")

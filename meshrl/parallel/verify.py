@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ..model.config import ModelConfig, param_shapes
 from .data import AdamWConfig
 from .groups import GroupCache
-from .mesh import Placement
+from ..layout.mesh import Placement
 
 TOLERANCE = 1e-5  # float32; differences come only from the order of the tp/dp/micro-batch sums
 
@@ -118,7 +118,7 @@ def oracle(probe: Probe) -> dict:
     if key in _PROCESS:
         return _PROCESS[key]
     from ..model.generation import generate, sequence_logprobs
-    from .model import HeadOutputs
+    from ..model.heads import HeadOutputs
 
     model, batch = probe.build(), probe.batch()
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -298,9 +298,10 @@ def summarize(placement_text: str, per_rank: list[dict | None]) -> dict:
         rec["missing"] = missing
     # what must be there is checked by missing_evidence; a figure no rank should report (a value
     # model's logprobs) is None and is not compared; a nan difference fails
+    keys = ("logits_max_rel_diff", "logprobs_max_rel_diff", "loss_max_rel_diff", "grads_max_rel_diff",
+            "params_max_rel_diff")
     rec["ok"] = not missing and rec["generate_equal"] and rec["sample_equal"] and all(
-        rec[k] is None or rec[k] <= TOLERANCE for k in ("logits_max_rel_diff", "logprobs_max_rel_diff",
-                                                        "loss_max_rel_diff", "grads_max_rel_diff", "params_max_rel_diff"))
+        rec[k] is None or rec[k] <= TOLERANCE for k in keys)
     return rec
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 
 from ..errors import UserError
-from ..parallel.mesh import Mesh
+from ..layout.mesh import Mesh
 from .candidates import aligned_meshes, call_layouts, micro_batch_options
 from .execution_plan import CallPlan, ExecutionPlan
 from .problem import Problem

@@ -30,7 +30,7 @@ from ..algo.trainer import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..config import Config
 from ..parallel.groups import GroupCache
 from ..plan.execution_plan import ExecutionPlan
-from .calls import Place, implementation, row_wise
+from ..algo.calls import Place, implementation, row_wise
 from .roles import RoleModels, build_roles, initial_states
 from .schedule import Step, report_rank, steps
 from .transfer import exchange

@@ -9,8 +9,8 @@ from meshrl import cli
 from meshrl.commands.check import default_placements, layouts_of_size
 from meshrl.model.presets import get_preset
 from meshrl.parallel.groups import all_axes
-from meshrl.parallel.mesh import Layout, LayoutError, Mesh, Placement
-from meshrl.realloc.shardmap import check_shardable
+from meshrl.layout.mesh import Layout, LayoutError, Mesh, Placement
+from meshrl.layout.shardmap import check_shardable
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The one implementation of every call, on a model handle: batch in, batch out. The multi-rank
 engine runs them on the ranks of a layout (ParallelModel), the single-process trainer on one
-process (LocalHandle); meshrl/runtime/handles.py has the protocol. This file holds the RL calls,
+process (LocalHandle); meshrl/algo/handles.py has the protocol. This file holds the RL calls,
 calls_offline.py the SFT / reward-model / DPO ones; ``implementation`` picks a graph call's code.
 
 - inference calls (generate, scores, ref log-probs, values) are row-wise: each data-parallel
@@ -31,17 +31,17 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..algo.advantages import last_token_index
-from ..algo.batch import Batch
-from ..algo.common import CallContext, StatSum, minibatch_rows
-from ..algo.graph import Call
-from ..algo.kl import kl_estimate
-from ..algo.losses import masked_sum_over, policy_loss, value_loss
-from ..algo.objectives import critic_free_advantages, kl_settings, ppo_advantages
-from ..algo.registry import SEQ_KEYS
-from ..algo.rewards import get_rule
-from ..algo.rollout import decode_responses, generation_config, pack_generation
-from ..parallel.model import HeadOutputs
+from .advantages import last_token_index
+from .batch import Batch
+from .common import CallContext, StatSum, minibatch_rows
+from .graph import Call
+from .kl import kl_estimate
+from .losses import masked_sum_over, policy_loss, value_loss
+from .objectives import critic_free_advantages, kl_settings, ppo_advantages
+from .registry import SEQ_KEYS
+from .rewards import get_rule
+from .rollout import decode_responses, generation_config, pack_generation
+from ..model.heads import HeadOutputs
 from .handles import ModelHandle
 
 

@@ -1,5 +1,5 @@
 """The calls of the algorithms on fixed data (SFT, Bradley-Terry reward model, DPO) on a model
-handle, as meshrl/runtime/calls.py has the RL ones: the same code runs on one process
+handle, as meshrl/algo/calls.py has the RL ones: the same code runs on one process
 (LocalHandle) and on any layout (ParallelModel).
 
 Data contracts (P = prompt_len, N = gen_len; each train call takes one optimizer step):
@@ -23,12 +23,12 @@ from collections.abc import Callable
 
 import torch
 
-from ..algo.advantages import last_token_index
-from ..algo.batch import Batch
-from ..algo.common import CallContext, StatSum
-from ..algo.losses import bradley_terry_loss, dpo_loss, sft_loss
-from ..algo.registry import SEQ_KEYS, side
-from ..parallel.model import HeadOutputs
+from .advantages import last_token_index
+from .batch import Batch
+from .common import CallContext, StatSum
+from .losses import bradley_terry_loss, dpo_loss, sft_loss
+from .registry import SEQ_KEYS, side
+from ..model.heads import HeadOutputs
 from .calls import Place, reduce_stats
 from .handles import ModelHandle
 
