@@ -22,13 +22,13 @@ from ..errors import UserError
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("check", help="check this machine: parallel layouts against one process")
-    sub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
+    sub = p.add_subparsers(dest="what", metavar="WHAT", required=True, help="what to check")
     q = sub.add_parser("parallel", help="every dp x tp x pp layout on N local ranks vs one process")
     q.add_argument("--nprocs", type=int, required=True, help="local ranks to start")
     q.add_argument("--model", default="tiny", help="model preset (default: tiny) or checkpoint directory")
     q.add_argument("--layout", action="append", metavar="LAYOUT@RANKS",
                    help="check only these placements (repeatable), e.g. dp2tp2pp1@0-3")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=int, default=0, help="seed of the probe model and batch (default 0)")
     q.add_argument("--timeout", type=float, default=300.0, help="seconds a layout may take")
     q.add_argument("--json", action="store_true", help="print one JSON object")
 

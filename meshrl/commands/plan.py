@@ -80,14 +80,19 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.trace, args.gantt, args.save):
         if path and Path(path).parent and not Path(path).parent.exists():
             raise UserError(f"cannot write {path}: directory {Path(path).parent} does not exist")
+    wrote = []
     if args.trace:
         Path(args.trace).write_text(json.dumps(res.timeline.to_chrome_trace()))
+        wrote.append(f"wrote {args.trace}: the {chosen} plan's simulated iteration as a Chrome trace "
+                     "(open it in https://ui.perfetto.dev)")
     if args.gantt:
         res.timeline.save_gantt(args.gantt)
+        wrote.append(f"wrote {args.gantt}: the {chosen} plan's Gantt chart")
     if args.save:
         Path(args.save).write_text(res.plan.to_json())
-    if note:
-        print(note, file=sys.stderr if args.json else sys.stdout)
+        wrote.append(f"wrote {args.save}: the {chosen} plan (meshrl train --plan {args.save})")
+    for line in ([note] if note else []) + (wrote if args.json else []):  # --json: stdout holds only JSON
+        print(line, file=sys.stderr if args.json else sys.stdout)
     if not args.items and not args.json:
         print(BARE_HINT)
     if args.json:
@@ -106,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"(search: {search_s:.1f} s)")
     print()
     print(explain(problem, results, chosen))
+    for line in wrote:
+        print(line)
     if args.validate:
         return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks)
     return 0

@@ -25,8 +25,11 @@ DEMO_DEFAULTS: dict[str, list[str]] = {
 
 
 def add_parser(subparsers) -> None:
+    from .config_help import config_epilog
+
     p = subparsers.add_parser("train", help="train with an RLHF algorithm (no arguments: the CPU demo)",
-                              description=__doc__)
+                              description=__doc__, epilog=config_epilog(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_arguments(p)
     # argparse cannot take positionals on both sides of an option inside a subcommand, so the
     # rest of the line is re-parsed in run() with parse_intermixed_args.
