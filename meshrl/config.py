@@ -116,6 +116,8 @@ class SFTConfig:
     lr: float = 2e-3
     batch_size: int = 64  # sequences per step
     warmup: bool = True  # RL from a preset actor starts with an SFT stage on the task's SFT data
+    path: str | None = None  # JSONL {"prompt", "response"} for the warm-up of a run with its own
+    # data.path (without it such a run skips the warm-up: the demo's data never mixes in)
 
 
 @dataclass

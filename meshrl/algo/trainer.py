@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..observe.metrics import MetricsWriter, summary_line
+from ..observe.metrics import MetricsWriter, no_signal_note, summary_line
 from .calls import Place, generate_rows, implementation, row_wise, score_rows
 from .calls_offline import sft_train
 from .handles import LocalHandle
@@ -130,7 +130,7 @@ def warmup_sft(actor: torch.nn.Module, cfg: Config, tok, log: Callable[[str], No
     """The demo's quick SFT on noisy demonstrations, before RL starts from a random preset."""
     from tqdm import tqdm
 
-    data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg))
+    data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg, warmup=True))
     h = LocalHandle(actor, make_optimizer(actor, cfg.sft.lr, cfg.optim.weight_decay), cfg.optim.grad_clip)
     records = []
     bar = tqdm(range(cfg.sft.steps), desc="SFT warm-up", disable=not progress, leave=False)
@@ -139,7 +139,8 @@ def warmup_sft(actor: torch.nn.Module, cfg: Config, tok, log: Callable[[str], No
         st = sft_train(h, Batch(data.select(rows).data), CallContext(cfg, step, tok, algo="sft"), local_place(cfg))
         records.append({"step": step, **st})
         bar.set_postfix(loss=f"{st['sft/loss']:.3f}")
-    log(f"SFT warm-up: {cfg.sft.steps} steps of {cfg.sft.batch_size} noisy demonstrations, "
+    what = f"demonstrations from {cfg.sft.path}" if cfg.sft.path else "noisy demonstrations (the demo's)"
+    log(f"SFT warm-up: {cfg.sft.steps} steps of {cfg.sft.batch_size} {what}, "
         f"loss {records[0]['sft/loss']:.3f} -> {records[-1]['sft/loss']:.3f}")
     return records
 
@@ -192,13 +193,15 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
     handles = handles_for(roles, cfg)
     graph = graph_for(algo, cfg.data.samples_per_prompt)
     log(f"{algo}: calls {' -> '.join(graph.names)}")
-    prompts = setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg))
+    # the demo's prompts, for the sft/dpo demo's own evaluation only (never with a user's data)
+    prompts = setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg)) if cfg.data.path is None else None
     data, heldout = dataset(cfg, tok), None
     if algo in ("rm", "dpo") and cfg.data.path is None:  # the demo's held-out pairs; a user's JSONL has none
         heldout = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg, heldout=True))
     writer = MetricsWriter(out, tensorboard) if out is not None else None
     keys = console_keys(algo)
     bar = tqdm(range(cfg.train.iterations), desc=algo, disable=not progress)
+    noted = False  # the no-signal note is given once
     for it in bar:
         t0 = time.perf_counter()
         evaluated = evaluate_local(handles["actor"], cfg, tok, it) if eval_due(cfg, it) and "actor" in handles else {}
@@ -216,6 +219,10 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
         if writer is not None:
             writer.write(record)
         bar.write(summary_line(record, keys)) if progress else log(summary_line(record, keys))
+        note = no_signal_note(record) if not noted else None
+        if note:
+            noted = True
+            bar.write(note) if progress else log(note)
         if "reward/mean" in record:
             bar.set_postfix(reward=f"{record['reward/mean']:.3f}")
     if writer is not None:
