@@ -50,7 +50,7 @@ class Stage(nn.Module):
         self.vocab_start = tp_i * (cfg.vocab_size // lay.tp)
         self.groups = groups
         with torch.device("meta"):
-            self.model = Backbone(cfg.replace(num_hidden_layers=len(self.layers)))
+            self.model = Backbone(cfg, self.layers)
             self.head: nn.Linear | None = None
             if self.last:
                 self.head = nn.Linear(cfg.hidden_size, 1 if sm.value_head else cfg.vocab_size, bias=False)
