@@ -58,12 +58,19 @@ class ExpertList(nn.ModuleList):
         """x [T, hidden], weights [T, k], idx [T, k] (global expert ids) -> the weighted sum of the
         held experts' outputs [T, hidden] (zero rows for tokens routed elsewhere)."""
         out = torch.zeros_like(x)
+        hit = False
         for j, expert in enumerate(self):
             rows, slot = torch.where(idx == self.first + j)
             if rows.numel() == 0:
                 continue
+            hit = True
             y = expert(x[rows]) * weights[rows, slot, None]
             out.index_add_(0, rows, y.to(out.dtype))
+        if not hit and torch.is_grad_enabled():
+            # No token came to these experts: still depend on x and weights (an exact 0 through
+            # empty slices), so that a tensor-parallel rank's backward runs the same collectives
+            # as its peers'.
+            out = out + (x[:0].sum() + weights[:0].sum()).to(out.dtype)
         return out
 
 
