@@ -136,7 +136,12 @@ class _Ctx:
 
     @property
     def flops(self) -> float:
-        return self.hw.flops_at(self.mc.cfg.hidden_size)
+        return self.hw.flops_at(self.mc.cfg.hidden_size, self.lay.tp)
+
+    @property
+    def hbm_bw(self) -> float:
+        """Bandwidth a step reaches: the datasheet figure times the fitted share (GPU presets)."""
+        return self.hw.hbm_bw * self.hw.hbm_eff
 
     @property
     def stage_param_bytes(self) -> float:
@@ -165,12 +170,18 @@ def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, p
     else:
         layer_flops = 2.0 * c.mc.cfg.num_hidden_layers * c.mc.layer_params * b * new + b * c.mc.attn_flops(new, ctx)
         flops = layer_flops * c.frac + 2.0 * c.mc.head_params * head_rows
-        compute = mult * flops / c.lay.tp / c.flops
+        # A pass reads the stage's weights at least once (three times with backward): with few
+        # tokens it is bandwidth-bound, as a decoding step is; every pass pays the step overhead.
+        compute = max(mult * flops / c.lay.tp / c.flops, mult * c.stage_param_bytes / c.hbm_bw)
+    overhead = (2 if backward else 1) * c.hw.step_overhead if fits is None else 0.0
     act = b * new * c.mc.cfg.hidden_size * c.hw.dtype_bytes
     n_ar = (4 if backward else 2) * c.stage_layers
     tp = n_ar * c.hw.all_reduce(act, c.lay.tp, c.links.tp)
     pp = (2 if backward else 1) * c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 else 0.0
-    return compute + tp + pp, {"compute": compute, "tp_comm": tp, "pp_comm": pp}
+    parts = {"compute": compute, "tp_comm": tp, "pp_comm": pp}
+    if overhead:
+        parts["overhead"] = overhead
+    return compute + overhead + tp + pp, parts
 
 
 def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, dict]:
@@ -181,8 +192,9 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
                  + (2.0 * mc.head_params if head else 0.0)) / c.lay.tp
     kv = b * ctx * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     head_bytes = mc.head_params / c.lay.tp * c.hw.dtype_bytes
-    mem = (c.stage_param_bytes - (0.0 if head else head_bytes) + kv) / c.hw.hbm_bw
+    mem = (c.stage_param_bytes - (0.0 if head else head_bytes) + kv) / c.hbm_bw
     compute = flops / c.flops
+    overhead = c.hw.step_overhead  # kernel launches and host work of one stage step (GPU presets)
     fits = c.hw.layer_fits(mc.cfg.hidden_size)
     if fits is not None:  # measured decoding steps already include their memory traffic
         mem = 0.0
@@ -194,8 +206,12 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
     if head:
         tp += c.hw.all_gather(b * mc.out_width * c.hw.dtype_bytes, c.lay.tp, c.links.tp)  # logits for sampling
     pp = c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 and not head else 0.0
-    return max(mem, compute) + tp + pp, {"decode_mem" if mem >= compute else "compute": max(mem, compute),
-                                        "tp_comm": tp, "pp_comm": pp}
+    if fits is not None:
+        overhead = 0.0  # measured steps include it
+    parts = {"decode_mem" if mem >= compute else "compute": max(mem, compute), "tp_comm": tp, "pp_comm": pp}
+    if overhead:
+        parts["overhead"] = overhead
+    return max(mem, compute) + overhead + tp + pp, parts
 
 
 def _token_pass(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:

@@ -1,0 +1,151 @@
+"""meshrl's GPU estimates against published measurements (bench/published/rows.json, cited per row).
+
+For every row the estimator prices what the source measured, with the source's sizes and layout:
+- decode: one generate call (prefill + decoding) of ``batch`` prompts, tp as published -> output tokens/s;
+- prefill: the same with one output token -> first-token latency;
+- train: one optimizer step of ``gpus x micro_batch x grad_accum`` sequences, dp = gpus -> tokens/s/GPU;
+- rlhf: one PPO iteration of the published system, simulated under its strategy (DeepSpeed-Chat: all
+  models co-located), times the iterations of one epoch -> hours.
+Models that are not LLaMA-shaped (MPT, OPT) are priced as LLaMA-shaped models of the same width,
+depth, heads, vocabulary and parameter count (a 4h GELU MLP = a SwiGLU MLP of width 8h/3).
+
+Error = predicted time / measured time - 1 (negative: meshrl is optimistic). ReaL's throughput
+figures are not rows: they stay the independent check (``--real`` prints them beside the predictions).
+
+    python bench/published.py [--fit] [--real]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from meshrl.algo.graph import graph_for
+from meshrl.model.config import ModelConfig
+from meshrl.model.presets import get_preset
+from meshrl.parallel.mesh import Layout
+from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
+from meshrl.plan.execution_plan import Cluster
+from meshrl.plan.hardware import PRESETS, Hardware
+from meshrl.plan.problem import Problem
+from meshrl.plan.report import evaluate
+from meshrl.plan.strategies import BUILDERS
+
+ROWS = Path(__file__).with_name("published") / "rows.json"
+
+
+def model_of(spec) -> ModelConfig:
+    if isinstance(spec, str):
+        return get_preset(spec)
+    h = spec["hidden"]
+    return ModelConfig(vocab_size=spec["vocab"], hidden_size=h, intermediate_size=round(8 * h / 3),
+                       num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
+                       num_key_value_heads=spec["heads"], tie_word_embeddings=spec.get("tied", False))
+
+
+def predict(row: dict, hw: Hardware) -> float:
+    """The row's quantity as meshrl predicts it, in the row's unit."""
+    kind = row["kind"]
+    if kind in ("decode", "prefill"):
+        spec = CallSpec("gen", "actor", "generate", model_of(row["model"]))
+        shape = RunShape(row["prompt_len"], row["gen_len"], row["batch"])
+        t = estimate_call(spec, shape, Layout(1, row["tp"], 1), 1, hw).time_s
+        return row["batch"] * row["gen_len"] / t if kind == "decode" else t * 1e3
+    if kind == "train":
+        gpus, mb, ga, seq = row["gpus"], row["micro_batch"], row["grad_accum"], row["seq_len"]
+        spec = CallSpec("train", "actor", "train", model_of(row["model"]))
+        shape = RunShape(seq, 0, gpus * mb * ga)
+        t = estimate_call(spec, shape, Layout(gpus, row["tp"], 1), ga, hw).time_s
+        return gpus * mb * ga * seq / t / gpus
+    if kind == "rlhf":
+        actor, critic = model_of(row["actor"]), model_of(row["critic"])
+        models = {"actor": actor, "ref": actor, "critic": critic, "reward": critic}
+        shape = RunShape(row["prompt_len"], row["gen_len"], row["batch"], mini_batches=row["mini_batches"])
+        nodes = max(1, row["gpus"] // 8)
+        prob = Problem(graph_for("ppo"), models, shape, hw, Cluster(nodes, min(8, row["gpus"]), row["device"]))
+        res = evaluate(prob, row["strategy"], BUILDERS[row["strategy"]](prob))
+        if not res.feasible:
+            return math.nan
+        return res.iteration_s * row["queries"] / row["batch"] / 3600
+    raise ValueError(kind)
+
+
+def error(row: dict, pred: float) -> float:
+    """Predicted time over measured time, minus 1 (throughput rows are inverted)."""
+    if row["unit"] in ("out tok/s", "tokens/s/GPU"):
+        return row["measured"] / pred - 1
+    return pred / row["measured"] - 1
+
+
+def evaluate_rows(rows: list[dict], hw_of) -> list[tuple[dict, float, float]]:
+    return [(r, p, error(r, p)) for r in rows for p in [predict(r, hw_of(r))]]
+
+
+def summary(results) -> tuple[float, float, int]:
+    errs = [abs(e) for _, _, e in results if not math.isnan(e)]
+    return statistics.median(errs), max(errs), len(errs)
+
+
+def print_table(results) -> None:
+    print(f"{'row':44s} {'unit':17s} {'measured':>10s} {'predicted':>10s} {'error':>7s}")
+    for r, p, e in results:
+        pe = "n/a" if math.isnan(p) else f"{p:10.4g}"
+        ee = "   OOM" if math.isnan(e) else f"{e:+7.0%}"
+        print(f"{r['id']:44s} {r['unit']:17s} {r['measured']:10.4g} {pe:>10s} {ee}")
+    by_src: dict[str, list[float]] = {}
+    for r, _, e in results:
+        if not math.isnan(e):
+            by_src.setdefault(r["source"], []).append(abs(e))
+    for src, errs in by_src.items():
+        print(f"  {src}: {len(errs)} rows, median |error| {statistics.median(errs):.0%}, worst {max(errs):.0%}")
+    med, worst, n = summary(results)
+    print(f"all {n} rows: median |error| {med:.0%}, worst {worst:.0%}")
+
+
+def fit(rows: list[dict]) -> None:
+    """Grid search of the fitted constants: one ``mfu_width`` for every GPU and a plateau ``mfu``
+    per GPU on the training rows; then (hbm_eff, step_overhead) on the A100 decoding and prefill
+    rows. Prints the best of each (the presets in meshrl/plan/hardware.py hold these)."""
+    tr = [r for r in rows if r["kind"] == "train"]
+    devs = sorted({r["device"] for r in tr})
+
+    def errs(dev: str, m: float, w: float) -> list[float]:
+        hw = replace(PRESETS[dev], mfu=m, mfu_width=w)
+        return [abs(error(r, predict(r, hw))) for r in tr if r["device"] == dev]
+
+    best = None
+    for w in range(0, 1500, 50):
+        per = {d: min((statistics.median(errs(d, m / 1000, w)), m / 1000) for m in range(400, 800, 5)) for d in devs}
+        allerr = [e for d in devs for e in errs(d, per[d][1], w)]
+        cand = (statistics.median(allerr), w, {d: per[d][1] for d in devs})
+        best = cand if best is None or cand[0] < best[0] else best
+    print(f"training: median |error| {best[0]:.1%} at mfu_width={best[1]}, mfu={best[2]}")
+    dr = [r for r in rows if r["kind"] in ("decode", "prefill")]
+    base = PRESETS["a100-80g"]
+    best = min(((statistics.median(abs(error(r, predict(r, replace(base, hbm_eff=e / 100, step_overhead=o / 1e4))))
+                                   for r in dr), e / 100, o / 1e4)
+                for e in range(50, 101, 5) for o in range(0, 40, 2)))
+    print(f"a100 decoding/prefill: median |error| {best[0]:.1%} at hbm_eff={best[1]}, step_overhead={best[2]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fit", action="store_true", help="grid-search the fitted GPU constants")
+    ap.add_argument("--rows", default=str(ROWS))
+    args = ap.parse_args()
+    rows = json.loads(Path(args.rows).read_text())
+    if args.fit:
+        fit(rows)
+        return
+    results = evaluate_rows(rows, lambda r: PRESETS[r["device"]])
+    print_table(results)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
