@@ -28,9 +28,10 @@ from pathlib import Path
 from meshrl.algo.graph import graph_for
 from meshrl.model.config import ModelConfig
 from meshrl.model.presets import get_preset
-from meshrl.parallel.mesh import Layout
+from meshrl.parallel.mesh import Layout, Mesh
 from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
-from meshrl.plan.execution_plan import Cluster
+from meshrl.plan.candidates import fit_micro_batches
+from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
 from meshrl.plan.hardware import PRESETS, Hardware
 from meshrl.plan.problem import Problem
 from meshrl.plan.report import evaluate
@@ -43,9 +44,10 @@ def model_of(spec) -> ModelConfig:
     if isinstance(spec, str):
         return get_preset(spec)
     h = spec["hidden"]
-    return ModelConfig(vocab_size=spec["vocab"], hidden_size=h, intermediate_size=round(8 * h / 3),
+    return ModelConfig(vocab_size=spec["vocab"], hidden_size=h, intermediate_size=spec.get("intermediate", round(8 * h / 3)),
                        num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
-                       num_key_value_heads=spec["heads"], tie_word_embeddings=spec.get("tied", False))
+                       num_key_value_heads=spec.get("kv_heads", spec["heads"]), head_dim=spec.get("head_dim", 0),
+                       tie_word_embeddings=spec.get("tied", False))
 
 
 def predict(row: dict, hw: Hardware) -> float:
@@ -63,16 +65,31 @@ def predict(row: dict, hw: Hardware) -> float:
         t = estimate_call(spec, shape, Layout(gpus, row["tp"], 1), ga, hw).time_s
         return gpus * mb * ga * seq / t / gpus
     if kind == "rlhf":
-        actor, critic = model_of(row["actor"]), model_of(row["critic"])
-        models = {"actor": actor, "ref": actor, "critic": critic, "reward": critic}
-        shape = RunShape(row["prompt_len"], row["gen_len"], row["batch"], mini_batches=row["mini_batches"])
-        nodes = max(1, row["gpus"] // 8)
-        prob = Problem(graph_for("ppo"), models, shape, hw, Cluster(nodes, min(8, row["gpus"]), row["device"]))
-        res = evaluate(prob, row["strategy"], BUILDERS[row["strategy"]](prob))
-        if not res.feasible:
-            return math.nan
-        return res.iteration_s * row["queries"] / row["batch"] / 3600
+        res = rlhf_plan(row, hw)
+        row["_fits"] = res.feasible  # the published system ran it; meshrl's memory model may disagree
+        if row["unit"] == "hours per epoch":
+            return res.iteration_s * row["queries"] / row["batch"] / 3600
+        return res.iteration_s
     raise ValueError(kind)
+
+
+def rlhf_plan(row: dict, hw: Hardware):
+    """The published system's iteration as meshrl prices it: its models, sizes and either its
+    strategy (a meshrl builder) or its per-call-kind layouts on all GPUs (``layouts``)."""
+    models = {role: model_of(spec) for role, spec in row["models"].items()}
+    n = row.get("samples", 1)
+    shape = RunShape(row["prompt_len"], row["gen_len"], row["batch"], n, 1, row["mini_batches"],
+                     gen_len_mean=row.get("gen_len_mean"), gen_len_longest=row.get("gen_len_longest"),
+                     compact=row.get("compact", False))
+    dpn = min(8, row["gpus"])
+    prob = Problem(graph_for(row["algo"], n), models, shape, hw, Cluster(row["gpus"] // dpn, dpn, row["device"]))
+    if "layouts" in row:
+        mesh = Mesh.range(0, row["gpus"])
+        calls = {c.name: CallPlan(mesh, Layout.parse(row["layouts"][c.kind])) for c in prob.graph.calls}
+        # Micro-batches as every meshrl strategy picks them: the fastest count that fits.
+        plan = fit_micro_batches(prob, ExecutionPlan(prob.cluster, calls, strategy="published"))
+        return evaluate(prob, "published", plan)
+    return evaluate(prob, row["strategy"], BUILDERS[row["strategy"]](prob))
 
 
 def error(row: dict, pred: float) -> float:
@@ -96,7 +113,8 @@ def print_table(results) -> None:
     for r, p, e in results:
         pe = "n/a" if math.isnan(p) else f"{p:10.4g}"
         ee = "   OOM" if math.isnan(e) else f"{e:+7.0%}"
-        print(f"{r['id']:44s} {r['unit']:17s} {r['measured']:10.4g} {pe:>10s} {ee}")
+        flag = "  (meshrl: does not fit in memory)" if r.get("_fits") is False else ""
+        print(f"{r['id']:44s} {r['unit']:17s} {r['measured']:10.4g} {pe:>10s} {ee}{flag}")
     by_src: dict[str, list[float]] = {}
     for r, _, e in results:
         if not math.isnan(e):

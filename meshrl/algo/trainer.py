@@ -99,7 +99,7 @@ def rollout_batch(prompts: Batch, cfg: Config, iteration: int) -> Batch:
 def rollout_metrics(batch: Batch) -> dict[str, float]:
     mask = batch["response_mask"].float()
     out = {"reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
-           "response/length": float(mask.sum(-1).mean())}
+           "response/length": float(mask.sum(-1).mean()), "response/length_max": float(mask.sum(-1).max())}
     if "logp_ref" in batch:
         out["kl/k1"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k1") * mask).sum(-1).mean())
         out["kl/k3"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k3") * mask).sum(-1).mean())

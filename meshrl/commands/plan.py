@@ -31,6 +31,8 @@ def add_parser(subparsers) -> None:
                    help="1: generation runs one iteration ahead of training (one step off-policy)")
     p.add_argument("--profile", metavar="FILE", help="measured profile for cluster.device=cpu "
                    "(default $MESHRL_PROFILE or ~/.cache/meshrl/profile-cpu.json)")
+    p.add_argument("--lengths-from", metavar="OUT/", help="price responses at the lengths an earlier run "
+                   "measured (its metrics.jsonl: response/length, response/length_max) instead of data.gen_len")
     p.add_argument("--save", metavar="FILE.json", help="write the chosen plan here (meshrl train --plan FILE)")
     p.add_argument("--validate", action="store_true", help="run the chosen plan on this machine's CPU ranks "
                    "(cluster.device=cpu) and print predicted against measured time per call and iteration")
@@ -55,6 +57,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(config, overrides)
     if args.validate:
         check_validate(cfg, args)
+    if args.lengths_from:
+        from ..plan.lengths import apply_lengths
+
+        mean, longest = apply_lengths(cfg, args.lengths_from)
+        if not args.json:
+            print(f"response lengths from {args.lengths_from}: mean {mean:.1f}, longest of a batch "
+                  f"{'not recorded (taken as data.gen_len)' if longest is None else f'{longest:.1f}'} "
+                  f"(data.gen_len = {cfg.data.gen_len})")
     problem = problem_from_config(cfg, args.profile, args.async_gen)
     results, search_s = compare(problem, names, args.budget, args.seed)
     chosen = "search" if "search" in results else names[0]

@@ -38,7 +38,15 @@ DECODE_POINTS = 8  # decoding time is integrated over the context length at this
 
 @dataclass(frozen=True)
 class RunShape:
-    """The run's sizes: prompts per iteration and token lengths; PPO's optimizer steps."""
+    """The run's sizes: prompts per iteration and token lengths; PPO's optimizer steps.
+
+    Responses are a distribution: ``gen_len`` is the budget (the maximum), ``gen_len_mean`` the
+    expected length and ``gen_len_longest`` the expected longest row of a generation batch (both
+    None: every response runs to the budget). The engine decides which one a call pays for:
+    meshrl's runtime (model/generation.decode_loop) decodes a batch until its longest row ends,
+    every row computing to the end, and hands on sequences padded to it; an engine that compacts
+    (``compact``: finished rows leave the batch, training packs sequences, as vLLM / TensorRT-LLM
+    in-flight batching and packed training do) pays for the mean per row and for the longest in steps."""
 
     prompt_len: int
     gen_len: int
@@ -46,16 +54,41 @@ class RunShape:
     samples_per_prompt: int = 1
     epochs: int = 1
     mini_batches: int = 1  # optimizer steps per epoch
+    gen_len_mean: float | None = None
+    gen_len_longest: float | None = None
+    compact: bool = False
 
     @classmethod
     def from_config(cls, cfg) -> "RunShape":
         ppo = getattr(cfg, "ppo", None)
         return cls(cfg.data.prompt_len, cfg.data.gen_len, cfg.data.batch_size, cfg.data.samples_per_prompt,
-                   getattr(ppo, "epochs", 1), getattr(ppo, "mini_batches", 1))
+                   getattr(ppo, "epochs", 1), getattr(ppo, "mini_batches", 1),
+                   getattr(cfg.data, "gen_len_mean", None), getattr(cfg.data, "gen_len_longest", None))
 
     @property
     def seq_len(self) -> int:
+        """Tokens of the longest possible sequence (memory is sized for it)."""
         return self.prompt_len + self.gen_len
+
+    @property
+    def mean_len(self) -> float:
+        """Expected generated tokens per response."""
+        return min(self.gen_len, self.gen_len_mean if self.gen_len_mean is not None else self.gen_len)
+
+    def longest(self, rows: int) -> float:
+        """Expected generated tokens of the longest of ``rows`` responses: the mean for one row, the
+        measured longest if known, else the budget (a batch waits for its longest row, and with
+        only a mean known the planner takes the safe side)."""
+        if rows <= 1:
+            return self.mean_len
+        if self.gen_len_longest is not None:
+            return max(self.mean_len, min(self.gen_len, self.gen_len_longest))
+        return float(self.gen_len)
+
+    def row_len(self, rows: int) -> float:
+        """Tokens per sequence that a call over ``rows`` sequences computes: prompt + the mean when
+        rows are compacted (packed), else prompt + the longest (padding)."""
+        return self.prompt_len + (self.mean_len if self.compact else self.longest(rows))
 
 
 @dataclass(frozen=True)
@@ -267,22 +300,30 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
         hops = _hops(c, b)
         t += hops
         acc["pp_comm"] = acc.get("pp_comm", 0.0) + hops
-    # Decode: the prefill's logits give the first token, so gen_len - 1 decoding steps follow
-    # (model/generation.decode_loop); integrated over the growing context at DECODE_POINTS midpoints.
-    n_dec = shape.gen_len - 1
+    # Decode: the prefill's logits give the first token, and the batch decodes until its longest
+    # row ends (model/generation.decode_loop stops when no row is alive); integrated over the
+    # growing context at DECODE_POINTS midpoints. Compacted, only the rows still alive compute:
+    # on average b x mean / longest of them (weights and step overheads are paid per step regardless).
+    longest = shape.longest(b)
+    n_dec = max(0, round(longest) - 1)
+    alive = b * shape.mean_len / max(longest, 1.0) if shape.compact else b
     n_pts = min(DECODE_POINTS, n_dec)
     per_pt = n_dec / max(n_pts, 1)
     for i in range(n_pts):
         ctx = shape.prompt_len + int((i + 0.5) * per_pt) + 1
-        step, parts = _token_pass(c, b, ctx)
+        step, parts = _token_pass(c, alive, ctx)
         t += per_pt * step
         _add(acc, parts, per_pt)
     seqs = spec.sequences(shape)
     mc = c.mc
     flops = seqs * (shape.prompt_len * mc.matmul_flops_per_token() + mc.attn_flops(shape.prompt_len,
                     shape.prompt_len))
-    flops += seqs * (shape.gen_len * mc.matmul_flops_per_token() + mc.attn_flops(shape.gen_len, shape.seq_len))
-    kv = s_dp * shape.seq_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
+    gen = shape.mean_len  # useful FLOPs: the tokens actually generated
+    flops += seqs * (gen * mc.matmul_flops_per_token() + mc.attn_flops(gen, shape.prompt_len + gen))
+    # KV cache: every row's slots for the whole budget; a compacting (paged) engine holds the tokens
+    # of the rows it runs, on average the prompt and the mean response.
+    kv_len = shape.prompt_len + shape.mean_len if shape.compact else shape.seq_len
+    kv = s_dp * kv_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     logits = b * mc.out_width / c.lay.tp * LOGIT_BYTES
     prefill_act = b * shape.prompt_len * mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
     return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=1.0 / c.lay.pp)
@@ -291,7 +332,7 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
 def _inference(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     s_dp = math.ceil(spec.sequences(shape) / c.lay.dp)
     b = math.ceil(s_dp / m)
-    s = shape.seq_len
+    s = round(shape.row_len(spec.sequences(shape)))
     acc: dict[str, float] = {}
     step, parts = _forward_step(c, b, s, s)
     t = _pipeline(c, m, step, parts, acc)
@@ -305,7 +346,7 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     steps = shape.epochs * shape.mini_batches
     s_dp = math.ceil(spec.sequences(shape) / c.lay.dp / shape.mini_batches)
     b = math.ceil(s_dp / m)
-    s = shape.seq_len
+    s = round(shape.row_len(spec.sequences(shape)))
     acc: dict[str, float] = {}
     step, parts = _forward_step(c, b, s, s, backward=True)
     t_mb = _pipeline(c, m, step, parts, {})

@@ -101,3 +101,22 @@ def test_the_planner_never_imports_torch():
     code = ("import sys, meshrl.plan.report, meshrl.plan.search, meshrl.commands.plan, meshrl.commands.profile; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_plan_prices_the_response_lengths_an_earlier_run_measured(capsys, tmp_path):
+    """--lengths-from OUT/ reads response/length and response/length_max from OUT/metrics.jsonl:
+    shorter responses than the budget make every plan faster; a missing file is named."""
+    run = tmp_path / "run"
+    run.mkdir()
+    recs = [{"iteration": i, "response/length": 30.0 + i, "response/length_max": 60.0} for i in range(3)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    common = [*BASE, "--strategy", "colocated", "--json"]
+    assert main(["plan", *common]) == 0
+    full = json.loads(capsys.readouterr().out)["strategies"]["colocated"]["iteration_s"]
+    assert main(["plan", *common, "--lengths-from", str(run)]) == 0
+    short = json.loads(capsys.readouterr().out)["strategies"]["colocated"]["iteration_s"]
+    assert short < 0.8 * full
+    assert main(["plan", *BASE, "--strategy", "colocated", "--lengths-from", str(run)]) == 0
+    assert "mean 31.0, longest of a batch 60.0" in capsys.readouterr().out
+    assert main(["plan", *common, "--lengths-from", str(tmp_path / "nothing")]) != 0
+    assert "metrics.jsonl does not exist" in capsys.readouterr().err
