@@ -44,7 +44,8 @@ def model_of(spec) -> ModelConfig:
     if isinstance(spec, str):
         return get_preset(spec)
     h = spec["hidden"]
-    return ModelConfig(vocab_size=spec["vocab"], hidden_size=h, intermediate_size=spec.get("intermediate", round(8 * h / 3)),
+    return ModelConfig(vocab_size=spec["vocab"], hidden_size=h,
+                       intermediate_size=spec.get("intermediate", round(8 * h / 3)),
                        num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
                        num_key_value_heads=spec.get("kv_heads", spec["heads"]), head_dim=spec.get("head_dim", 0),
                        tie_word_embeddings=spec.get("tied", False))

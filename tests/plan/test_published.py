@@ -6,8 +6,6 @@ import math
 import statistics
 from pathlib import Path
 
-import pytest
-
 from meshrl.plan.hardware import GPU_FIT, PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
