@@ -10,9 +10,9 @@ Models that are not LLaMA-shaped (MPT, OPT) are priced as LLaMA-shaped models of
 depth, heads, vocabulary and parameter count (a 4h GELU MLP = a SwiGLU MLP of width 8h/3).
 
 Error = predicted time / measured time - 1 (negative: meshrl is optimistic). ReaL's throughput
-figures are not rows: they stay the independent check (``--real`` prints them beside the predictions).
+figures are not rows: they stay the independent check (docs/planner.md compares them).
 
-    python bench/published.py [--fit] [--real]
+    python bench/published.py [--fit] [--holdout]
 """
 
 from __future__ import annotations
@@ -152,14 +152,46 @@ def fit(rows: list[dict]) -> None:
     print(f"a100 decoding/prefill: median |error| {best[0]:.1%} at hbm_eff={best[1]}, step_overhead={best[2]}")
 
 
+def _grid_best(rows: list[dict], make_hw, grid) -> tuple:
+    """The grid point whose hardware (make_hw(point)) gives ``rows`` the least median |error|."""
+    return min(grid, key=lambda g: statistics.median(abs(error(r, predict(r, make_hw(r, g)))) for r in rows))
+
+
+def holdout(rows: list[dict]) -> None:
+    """Leave-one-out: refit the constants without each fitted row, then predict that row. The
+    errors printed are out-of-sample; the rows no constant is fitted to (RLHF systems) always are."""
+    out = []
+    tr = [r for r in rows if r["kind"] == "train"]
+    dec = [r for r in rows if r["kind"] in ("decode", "prefill")]
+    tgrid = [(m / 1000, w) for m in range(450, 800, 10) for w in range(200, 1400, 100)]
+    dgrid = [(e / 100, o / 1e4) for e in range(55, 96, 5) for o in range(4, 24, 2)]
+    for r in tr:  # plateau per device (rows of the same device), width shared
+        rest = [x for x in tr if x is not r and x["device"] == r["device"]]
+        m, w = _grid_best(rest, lambda x, g: replace(PRESETS[x["device"]], mfu=g[0], mfu_width=g[1]), tgrid)
+        out.append((r, error(r, predict(r, replace(PRESETS[r["device"]], mfu=m, mfu_width=w)))))
+    for r in dec:
+        rest = [x for x in dec if x is not r]
+        e, o = _grid_best(rest, lambda x, g: replace(PRESETS[x["device"]], hbm_eff=g[0], step_overhead=g[1]), dgrid)
+        out.append((r, error(r, predict(r, replace(PRESETS[r["device"]], hbm_eff=e, step_overhead=o)))))
+    for r, e in out:
+        print(f"{r['id']:44s} held-out error {e:+7.0%}")
+    errs = [abs(e) for _, e in out]
+    print(f"leave-one-out over the {len(errs)} fitted rows: median |error| {statistics.median(errs):.0%}, "
+          f"worst {max(errs):.0%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fit", action="store_true", help="grid-search the fitted GPU constants")
+    ap.add_argument("--holdout", action="store_true", help="leave-one-out errors of the fitted rows")
     ap.add_argument("--rows", default=str(ROWS))
     args = ap.parse_args()
     rows = json.loads(Path(args.rows).read_text())
     if args.fit:
         fit(rows)
+        return
+    if args.holdout:
+        holdout(rows)
         return
     results = evaluate_rows(rows, lambda r: PRESETS[r["device"]])
     print_table(results)
