@@ -49,3 +49,20 @@ def test_the_decoding_fit_lands_on_the_presets():
     here = med(fit.hbm_eff, fit.step_overhead)
     for de, do in ((0.05, 0), (-0.05, 0), (0, 2e-4), (0, -2e-4)):
         assert here <= med(fit.hbm_eff + de, fit.step_overhead + do) + 1e-9
+
+
+def test_the_training_fit_lands_on_the_presets():
+    """Per device, the preset plateau beats its neighbours on that device's training rows."""
+    from dataclasses import replace
+
+    b = _bench()
+    rows = [r for r in json.loads(b.ROWS.read_text()) if r["kind"] == "train"]
+    for dev, key in (("a100-80g", "a100"), ("h100-80g", "h100")):
+        mine = [r for r in rows if r["device"] == dev]
+
+        def med(m, dev=dev, mine=mine):
+            hw = replace(PRESETS[dev], mfu=m)
+            return statistics.median(abs(b.error(r, b.predict(r, hw))) for r in mine)
+
+        here = med(GPU_FIT[key].mfu)
+        assert here <= med(GPU_FIT[key].mfu + 0.01) + 1e-9 and here <= med(GPU_FIT[key].mfu - 0.01) + 1e-9
