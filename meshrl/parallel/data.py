@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..realloc.shardmap import ShardMap
+from ..layout.shardmap import ShardMap
 from .groups import Axis, RankGroups
 
 

@@ -14,8 +14,6 @@ forward (logits, log-probs, values) live on the last pipeline stage, identical o
 from __future__ import annotations
 
 import math
-
-from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
@@ -23,40 +21,17 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import UserError
+from ..layout.mesh import Placement
+from ..layout.shardmap import ShardMap, check_shardable, shard_map
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
-from ..realloc.shardmap import ShardMap, check_shardable, shard_map
+from ..model.heads import Batch, HeadOutputs, LossFn, split_micro
 from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
 from .groups import GroupCache, RankGroups
-from .mesh import Placement
 from .pipeline import Pipe, infer, train_1f1b
 from .stage import SliceLoader, Stage, loader_from_state
 from .tensor import vocab_parallel_logprobs
-
-
-@dataclass
-class HeadOutputs:
-    """What a loss function sees for one micro-batch of b rows and S tokens (last stage only).
-
-    logprobs [b, S-1]: log p(token t+1 | tokens <= t), float32 (language models);
-    entropy [b, S-1] or None (when asked for); values [b, S] (value models)."""
-
-    logprobs: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-
-
-Batch = Mapping[str, torch.Tensor]  # at least input_ids and attention_mask [B, S]; all split on dim 0
-LossFn = Callable[[HeadOutputs, Batch], torch.Tensor]
-
-
-def split_micro(batch: Batch, n: int) -> list[dict[str, torch.Tensor]]:
-    rows = batch["input_ids"].shape[0]
-    if not 1 <= n <= rows:
-        raise UserError(f"cannot split {rows} rows into {n} micro-batches")
-    parts = {k: torch.tensor_split(v, n, dim=0) for k, v in batch.items()}
-    return [{k: parts[k][i] for k in batch} for i in range(n)]
 
 
 class ParallelModel:

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from ..model.transformer import Backbone
-from ..realloc.shardmap import ShardMap, Slice
+from ..layout.shardmap import ShardMap, Slice
 from .groups import RankGroups
-from .mesh import stage_layers
+from ..layout.mesh import stage_layers
 from .tensor import VocabParallelEmbedding, register_tp_hooks
 
 # full-tensor name -> the slice of it this rank needs (a loader may read only that slice from disk)

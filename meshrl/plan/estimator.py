@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..model.config import ModelConfig
-from ..parallel.mesh import Layout, Mesh
+from ..layout.mesh import Layout, Mesh
 from .hardware import Hardware
 from .model_costs import ModelCosts, model_costs
 

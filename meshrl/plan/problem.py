@@ -14,9 +14,9 @@ from pathlib import Path
 from ..algo.graph import Graph
 from ..errors import UserError
 from ..model.config import ModelConfig
-from ..parallel.mesh import Layout, LayoutError, Mesh, Placement
-from ..realloc.plan import link_bytes
-from ..realloc.shardmap import check_shardable
+from ..layout.mesh import Layout, LayoutError, Mesh, Placement
+from ..layout.realloc_plan import link_bytes
+from ..layout.shardmap import check_shardable
 from .estimator import CallSpec, Estimate, RunShape, estimate_call, mesh_links
 from .execution_plan import CallPlan, Cluster, ExecutionPlan
 from .hardware import Hardware

@@ -3,7 +3,7 @@
 import pytest
 
 from meshrl.model.presets import get_preset
-from meshrl.parallel.mesh import Layout
+from meshrl.layout.mesh import Layout
 from meshrl.plan.estimator import CallSpec, Links, RunShape, estimate_call
 from meshrl.plan.hardware import PRESETS
 from meshrl.plan.model_costs import model_costs

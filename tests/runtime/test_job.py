@@ -161,7 +161,7 @@ def test_two_torchrun_node_groups_on_localhost(tmp_path):
 ])
 def test_bad_plans_are_refused_before_any_rank_starts(tmp_path, plan, message):
     if plan == "WRONG_WORLD":
-        from meshrl.parallel.mesh import Layout, Mesh
+        from meshrl.layout.mesh import Layout, Mesh
         from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
 
         names = ["actor_gen", "reward_inf", "ref_inf", "critic_inf", "actor_train", "critic_train"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..model.config import ModelConfig, param_shapes
-from ..parallel.mesh import LayoutError, Placement, stage_layers
+from .mesh import LayoutError, Placement, stage_layers
 
 Slice = tuple[tuple[int, int], ...]
 
