@@ -28,7 +28,7 @@ from pathlib import Path
 from meshrl.algo.graph import graph_for
 from meshrl.model.config import ModelConfig
 from meshrl.model.presets import get_preset
-from meshrl.parallel.mesh import Layout, Mesh
+from meshrl.layout.mesh import Layout, Mesh
 from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
 from meshrl.plan.candidates import fit_micro_batches
 from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
