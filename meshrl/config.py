@@ -39,6 +39,10 @@ class ModelsConfig:
 class DataConfig:
     prompt_len: int = 16  # maximum prompt tokens
     gen_len: int = 16  # maximum generated tokens per response
+    # Planner only: expected response length, and expected longest response of a generation batch
+    # (None: every response runs to gen_len); `meshrl plan --lengths-from OUT/` reads both from a run.
+    gen_len_mean: float | None = None
+    gen_len_longest: float | None = None
     batch_size: int = 32  # prompts per iteration (sft: sequences per step; rm/dpo: pairs per step)
     samples_per_prompt: int = 1  # responses sampled per prompt; grpo/rloo need >= 2, and 1 means 4 there
     path: str | None = None  # JSONL dataset; None = the built-in demo task
@@ -183,6 +187,10 @@ class Config:
                          ("data.samples_per_prompt", self.data.samples_per_prompt)):
             if val < 1:
                 raise UserError(f"{key} must be >= 1, got {val}")
+        for key in ("gen_len_mean", "gen_len_longest"):
+            val = getattr(self.data, key)
+            if val is not None and not 1 <= val <= self.data.gen_len:
+                raise UserError(f"data.{key}={val} must be between 1 and data.gen_len={self.data.gen_len}")
 
 
 def _field_types(cls) -> dict[str, object]:

@@ -104,7 +104,7 @@ def rollout_metrics(batch: Batch, cfg: Config | None = None) -> dict[str, float]
     mean/std, each reward source as reward/NAME (reward.fn, overlong), response length, KL."""
     mask = batch["response_mask"].float()
     out = {"reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
-           "response/length": float(mask.sum(-1).mean())}
+           "response/length": float(mask.sum(-1).mean()), "response/length_max": float(mask.sum(-1).max())}
     if cfg is not None and "score_parts" in batch:
         for name, col in zip(part_names(cfg), batch["score_parts"].float().unbind(1), strict=True):
             out[f"reward/{name}"] = float(col.mean())
