@@ -139,7 +139,7 @@ def warmup_sft(actor: torch.nn.Module, cfg: Config, tok, log: Callable[[str], No
         st = sft_train(h, Batch(data.select(rows).data), CallContext(cfg, step, tok, algo="sft"), local_place(cfg))
         records.append({"step": step, **st})
         bar.set_postfix(loss=f"{st['sft/loss']:.3f}")
-    what = f"demonstrations from {cfg.sft.path}" if cfg.sft.path else "noisy demonstrations (the demo's)"
+    what = f"demonstrations from {cfg.sft.path}" if cfg.sft.path else "noisy demonstrations"
     log(f"SFT warm-up: {cfg.sft.steps} steps of {cfg.sft.batch_size} {what}, "
         f"loss {records[0]['sft/loss']:.3f} -> {records[-1]['sft/loss']:.3f}")
     return records

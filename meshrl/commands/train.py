@@ -92,7 +92,7 @@ def sizes_line(cfg) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..config import dump_yaml, load_config
     from ..algo.inputs import check_inputs, warmup_plan
-    from .rundir import check_out, clear_run
+    from .rundir import check_out, check_resume_config, clear_run
 
     args = _reparse(args)
     config, overrides = split_items(args.items)
@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
     out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
     check_out(out, args.resume, args.overwrite)
+    if args.resume:
+        check_resume_config(out, cfg)
     if args.nprocs is not None and args.nprocs < 1:
         raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")
     check_inputs(cfg)  # every model, dataset and rule now, before any warm-up or rank starts
@@ -146,9 +148,10 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
     if spec is None or spec in BUILDERS or spec == "search":
         return
     if not Path(spec).is_file():
-        if spec.endswith(".json") or Path(spec).exists():
-            raise UserError(f"--plan {spec}: no such plan file")
-        raise UserError(f"--plan {spec!r} is neither a strategy ({', '.join([*BUILDERS, 'search'])}) nor a plan file")
+        if spec.endswith(".json") or "/" in spec or Path(spec).exists():
+            raise UserError(f"--plan: plan file not found: {spec}")
+        raise UserError(f"--plan: unknown strategy {spec!r}; known: {', '.join([*BUILDERS, 'search'])}, "
+                        "or a plan file (FILE.json)")
     from ..runtime.plans import resolve_plan
 
     resolve_plan(cfg, spec, int(os.environ.get("WORLD_SIZE", world)))
