@@ -155,6 +155,9 @@ class Config:
                          ("data.samples_per_prompt", self.data.samples_per_prompt)):
             if val < 1:
                 raise UserError(f"{key} must be >= 1, got {val}")
+        from .config_checks import check_ranges
+
+        check_ranges(self)  # every other key's range (meshrl/config_checks.py)
 
 
 def _field_types(cls) -> dict[str, object]:
