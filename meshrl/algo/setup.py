@@ -141,8 +141,18 @@ def pair_records(cfg: Config, heldout: bool = False) -> list[dict[str, str]]:
                                    DEMO_HELDOUT_PAIRS if heldout else DEMO_PAIRS, heldout=heldout)
 
 
-def encode_prompt_batch(cfg: Config, tok, records: list[dict[str, str]]) -> Batch:
-    return Batch(encode_prompts(tok, records, cfg.data.prompt_len, cfg.data.gen_len))
+def encode_prompt_batch(cfg: Config, tok, records: list[dict]) -> Batch:
+    """Prompt records -> the prompt batch, through the actor checkpoint's chat template when
+    data.chat_template is on."""
+    template = None
+    if cfg.data.chat_template:
+        from ..data.chat import load_chat_template
+
+        template = load_chat_template(cfg.models.actor.path)
+    elif any("prompt" not in r for r in records):
+        raise UserError("a record has \"messages\" but no \"prompt\": set data.chat_template=true to render "
+                        "messages through the model's chat template")
+    return Batch(encode_prompts(tok, records, cfg.data.prompt_len, cfg.data.gen_len, template))
 
 
 def encode_sft_batch(cfg: Config, tok, records: list[dict[str, str]]) -> Batch:

@@ -27,9 +27,12 @@ from .handles import LocalHandle
 from . import setup
 from .batch import Batch
 from .common import CallContext, Role, key_seed, keyed_generator, make_optimizer
+from .evaluate import eval_due, evaluate_local
+from .filtering import prompts_per_iteration
 from .graph import Graph, graph_for
 from .kl import kl_estimate
 from .registry import side, tensor_keys
+from .user_rewards import part_names
 
 RL_ALGOS = ("ppo", "grpo", "remax", "rloo")
 CONSOLE_KEYS = {
@@ -89,17 +92,22 @@ def choose_rows(n_data: int, n: int, *key: object) -> torch.Tensor:
 def rollout_batch(prompts: Batch, cfg: Config, iteration: int) -> Batch:
     """The iteration's prompts, each repeated samples_per_prompt times (prompt-major), with the
     sampling seed of every (prompt, sample): same tokens whatever the split or batch order."""
-    b, n, seed = cfg.data.batch_size, cfg.data.samples_per_prompt, cfg.train.seed
+    b, n, seed = prompts_per_iteration(cfg), cfg.data.samples_per_prompt, cfg.train.seed
     rows = choose_rows(len(prompts), b, seed, "prompts", iteration).repeat_interleave(n)
     sample = torch.arange(n).repeat(b)
     seeds = torch.tensor([key_seed(seed, iteration, int(p), int(s)) for p, s in zip(rows, sample, strict=True)])
     return Batch(prompts.select(rows).data).with_(sample_seed=seeds)
 
 
-def rollout_metrics(batch: Batch) -> dict[str, float]:
+def rollout_metrics(batch: Batch, cfg: Config | None = None) -> dict[str, float]:
+    """Figures of the iteration's generated batch (all of it, also under data.filter_groups): reward
+    mean/std, each reward source as reward/NAME (reward.fn, overlong), response length, KL."""
     mask = batch["response_mask"].float()
     out = {"reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
-           "response/length": float(mask.sum(-1).mean())}
+           "response/length": float(mask.sum(-1).mean()), "response/length_max": float(mask.sum(-1).max())}
+    if cfg is not None and "score_parts" in batch:
+        for name, col in zip(part_names(cfg), batch["score_parts"].float().unbind(1), strict=True):
+            out[f"reward/{name}"] = float(col.mean())
     if "logp_ref" in batch:
         out["kl/k1"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k1") * mask).sum(-1).mean())
         out["kl/k3"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k3") * mask).sum(-1).mean())
@@ -113,7 +121,8 @@ def eval_policy(actor: LocalHandle, prompts: Batch, cfg: Config, tok, iteration:
     ctx = CallContext(cfg, iteration, tok, algo="ppo")
     b = rollout_batch(prompts, cfg, iteration)
     seqs = generate_rows(actor, b, ctx, local_place(cfg))
-    return {"reward/mean": float(score_rows(None, seqs.with_(answer_ids=b["answer_ids"]), ctx, local_place(cfg))
+    return {"reward/mean": float(score_rows(None, seqs.with_(answer_ids=b["answer_ids"], row_id=b["row_id"]), ctx,
+                                            local_place(cfg))
                                  ["scores"].mean())}
 
 
@@ -195,10 +204,11 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
     noted = False  # the no-signal note is given once
     for it in bar:
         t0 = time.perf_counter()
+        evaluated = evaluate_local(handles["actor"], cfg, tok, it) if eval_due(cfg, it) and "actor" in handles else {}
         ctx = CallContext(cfg, it, tok)
         batch = iteration_batch(data, cfg, it)
         batch, stats = run_graph(graph, handles, batch, ctx)
-        record = {"iteration": it, **(rollout_metrics(batch) if algo in RL_ALGOS else {}), **stats}
+        record = {"iteration": it, **(rollout_metrics(batch, cfg) if algo in RL_ALGOS else {}), **stats, **evaluated}
         if algo in ("sft", "dpo") and cfg.data.path is None:
             record.update(eval_policy(handles["actor"], prompts, cfg, tok, it))
         if algo == "rm" and heldout is not None and (it % 10 == 0 or it == cfg.train.iterations - 1):

@@ -83,7 +83,7 @@ def _assign(model: CausalLM | ValueModel, state: dict[str, torch.Tensor]) -> Cau
 
 def init_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """HF's LLaMA init: norms = 1, biases = 0, every other weight ~ N(0, 0.02). float32 on CPU."""
-    if name.endswith("layernorm.weight") or name == "model.norm.weight":
+    if name.endswith("norm.weight"):  # input/post_attention_layernorm, q_norm, k_norm, model.norm
         return torch.ones(shape)
     if name.endswith(".bias"):
         return torch.zeros(shape)

@@ -45,7 +45,13 @@ class Probe:
     steps: int = 2
     gen_tokens: int = 6
     value_head: bool = False
-    optim: AdamWConfig = field(default_factory=lambda: AdamWConfig(lr=1e-5, weight_decay=0.01, max_grad_norm=1.0))
+    # eps=1e-6, not 1e-8: Adam divides by |g| + eps, so a gradient element near eps turns the
+    # reduction-order noise of the gradients (~3e-9 absolute here) into a different update of up to
+    # a third of lr; MoE experts, which see few tokens, have many such elements (their params then
+    # differed by 1.3e-5 relative with grads equal to 3e-6). With 1e-6 that noise moves a parameter
+    # by <= lr * 3e-9 / 1e-6, while a real optimizer-sharding fault still moves it by ~lr.
+    optim: AdamWConfig = field(default_factory=lambda: AdamWConfig(lr=1e-5, eps=1e-6, weight_decay=0.01,
+                                                                   max_grad_norm=1.0))
 
     def config(self) -> ModelConfig:
         if isinstance(self.model, ModelConfig):
