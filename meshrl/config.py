@@ -191,6 +191,9 @@ class Config:
             val = getattr(self.data, key)
             if val is not None and not 1 <= val <= self.data.gen_len:
                 raise UserError(f"data.{key}={val} must be between 1 and data.gen_len={self.data.gen_len}")
+        from .config_checks import check_ranges
+
+        check_ranges(self)  # every other key's range (meshrl/config_checks.py)
 
 
 def _field_types(cls) -> dict[str, object]:
