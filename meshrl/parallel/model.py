@@ -26,6 +26,7 @@ from ..layout.shardmap import ShardMap, check_shardable, shard_map
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
 from ..model.heads import Batch, HeadOutputs, LossFn, split_micro
+from ..model.moe import set_moe_aux
 from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
 from .groups import GroupCache, RankGroups
@@ -137,7 +138,7 @@ class ParallelModel:
 
     # ---- training -------------------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossFn, micro_batches: int = 1,
-                         entropy: bool = False) -> float:
+                         entropy: bool = False, moe_aux: float = 0.0) -> float:
         """Accumulate the mini-batch gradient into every local parameter's ``.grad`` (complete and
         identical on the holders of a slice, after the tied/kv/dp reductions). ``loss_fn`` must
         normalise by the whole mini-batch (see data.py). Returns the mini-batch loss on every rank."""
@@ -147,7 +148,11 @@ class ParallelModel:
             h = self._run_stage(micro[i], x)
             return loss_fn(self._head(h, micro[i], entropy), micro[i]) if self.stage.last else h
 
-        losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
+        set_moe_aux(self.stage, moe_aux)  # the router balance loss, injected at each MoE layer
+        try:
+            losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
+        finally:
+            set_moe_aux(self.stage, 0.0)
         sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes, self._tp_names)
         loss = torch.stack(losses).sum().double() if losses else torch.zeros((), dtype=torch.float64)
         if self.groups.dp.group is not None:
