@@ -13,7 +13,9 @@ from ..config import Config
 from . import setup
 from .batch import Batch
 from .common import key_seed, keyed_generator
+from .filtering import prompts_per_iteration
 from .kl import kl_estimate
+from .user_rewards import part_names
 
 RL_ALGOS = ("ppo", "grpo", "remax", "rloo")
 CONSOLE_KEYS = {
@@ -37,17 +39,22 @@ def choose_rows(n_data: int, n: int, *key: object) -> torch.Tensor:
 def rollout_batch(prompts: Batch, cfg: Config, iteration: int) -> Batch:
     """The iteration's prompts, each repeated samples_per_prompt times (prompt-major), with the
     sampling seed of every (prompt, sample): same tokens whatever the split or batch order."""
-    b, n, seed = cfg.data.batch_size, cfg.data.samples_per_prompt, cfg.train.seed
+    b, n, seed = prompts_per_iteration(cfg), cfg.data.samples_per_prompt, cfg.train.seed
     rows = choose_rows(len(prompts), b, seed, "prompts", iteration).repeat_interleave(n)
     sample = torch.arange(n).repeat(b)
     seeds = torch.tensor([key_seed(seed, iteration, int(p), int(s)) for p, s in zip(rows, sample, strict=True)])
     return Batch(prompts.select(rows).data).with_(sample_seed=seeds)
 
 
-def rollout_metrics(batch: Batch) -> dict[str, float]:
+def rollout_metrics(batch: Batch, cfg: Config | None = None) -> dict[str, float]:
+    """Figures of the iteration's generated batch (all of it, also under data.filter_groups): reward
+    mean/std, each reward source as reward/NAME (reward.fn, overlong), response length, KL."""
     mask = batch["response_mask"].float()
     out = {"reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
-           "response/length": float(mask.sum(-1).mean())}
+           "response/length": float(mask.sum(-1).mean()), "response/length_max": float(mask.sum(-1).max())}
+    if cfg is not None and "score_parts" in batch:
+        for name, col in zip(part_names(cfg), batch["score_parts"].float().unbind(1), strict=True):
+            out[f"reward/{name}"] = float(col.mean())
     if "logp_ref" in batch:
         out["kl/k1"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k1") * mask).sum(-1).mean())
         out["kl/k3"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k3") * mask).sum(-1).mean())

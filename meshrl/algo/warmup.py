@@ -23,7 +23,7 @@ def warmup_sft(actor: torch.nn.Module, cfg: Config, tok, log: Callable[[str], No
     """cfg.sft.steps steps of cfg.sft.batch_size demonstrations on ``actor`` (in place); -> per-step stats."""
     from tqdm import tqdm
 
-    data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg))
+    data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg, warmup=True))
     h = LocalHandle(actor, make_optimizer(actor, cfg.sft.lr, cfg.optim.weight_decay), cfg.optim.grad_clip)
     records = []
     bar = tqdm(range(cfg.sft.steps), desc="SFT warm-up", disable=not progress, leave=False)
@@ -33,6 +33,7 @@ def warmup_sft(actor: torch.nn.Module, cfg: Config, tok, log: Callable[[str], No
                        Place(micro_batches=cfg.ppo.micro_batches))
         records.append({"step": step, **st})
         bar.set_postfix(loss=f"{st['sft/loss']:.3f}")
-    log(f"SFT warm-up: {cfg.sft.steps} steps of {cfg.sft.batch_size} noisy demonstrations, "
+    what = f"demonstrations from {cfg.sft.path}" if cfg.sft.path else "noisy demonstrations"
+    log(f"SFT warm-up: {cfg.sft.steps} steps of {cfg.sft.batch_size} {what}, "
         f"loss {records[0]['sft/loss']:.3f} -> {records[-1]['sft/loss']:.3f}")
     return records

@@ -1,5 +1,6 @@
-"""``meshrl train [CONFIG.yaml] [key=value ...] [--out DIR]``: run an algorithm; with no arguments,
-the built-in demo (a quick SFT, then PPO on single-digit addition with the tiny model)."""
+"""``meshrl train [CONFIG.yaml] [key=value ...] [--nprocs N] [--plan P] [--out DIR] [--resume]``: run an
+algorithm on the runtime (one rank in this process unless --nprocs or torchrun); with no arguments, the
+built-in demo (a quick SFT, then PPO on single-digit addition with the tiny model)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,11 @@ DEMO_DEFAULTS: dict[str, list[str]] = {
 
 
 def add_parser(subparsers) -> None:
+    from .config_help import config_epilog
+
     p = subparsers.add_parser("train", help="train with an RLHF algorithm (no arguments: the CPU demo)",
-                              description=__doc__)
+                              description=__doc__, epilog=config_epilog(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_arguments(p)
     # argparse cannot take positionals on both sides of an option inside a subcommand, so the
     # rest of the line is re-parsed in run() with parse_intermixed_args.
@@ -44,8 +48,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", default=None, metavar="STRATEGY|FILE.json",
                    help="colocated | interleaved | disaggregated | heuristic | search | a plan file "
                    "(default: colocated)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out "
-                   "(with its config.yaml; key=value overrides such as a larger train.iterations apply on top)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out (the "
+                   "same command; train.iterations may be raised, --nprocs and --plan may change)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (without it, an existing run is refused)")
 
 
 def _reparse(args: argparse.Namespace) -> argparse.Namespace:
@@ -59,7 +65,7 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
                               no_progress=args.no_progress or more.no_progress,
                               nprocs=more.nprocs if more.nprocs is not None else args.nprocs,
                               plan=more.plan or args.plan,
-                              resume=args.resume or more.resume)
+                              resume=args.resume or more.resume, overwrite=args.overwrite or more.overwrite)
 
 
 def split_items(items: list[str]) -> tuple[str | None, list[str]]:
@@ -87,44 +93,64 @@ def sizes_line(cfg) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Every run is the runtime (meshrl/runtime/job.py): one rank in this process by default,
-    ``--nprocs N`` local ranks, or the ranks of a torchrun job; all write the same outputs."""
-    import os
-
     from ..config import dump_yaml, load_config
-    from ..runtime.job import launch, under_torchrun
+    from ..algo.inputs import check_inputs, warmup_plan
+    from .rundir import check_out, check_resume_config, clear_run
 
     args = _reparse(args)
     config, overrides = split_items(args.items)
-    if args.nprocs is not None and args.nprocs < 1:
-        raise UserError(f"--nprocs must be >= 1 (local ranks to start), got {args.nprocs}")
-    if args.plan is not None and not args.plan.strip():
-        raise UserError("--plan needs a strategy (colocated, interleaved, disaggregated, heuristic, search) "
-                        "or a plan file")
-    if args.out is not None and not args.out.strip():
-        raise UserError("--out needs a directory")
-    saved = Path(args.out) / "config.yaml" if args.out else None
-    if args.resume and config is None and saved is not None and saved.is_file():
-        # --resume continues the run in --out: its own config, with the overrides on top
-        config, is_demo = str(saved), False
-        cfg = load_config(config, overrides)
-        is_demo = cfg.data.path is None and all(s.path is None for s in vars(cfg.models).values())
-    else:
-        cfg = load_config(config, overrides)
-        is_demo = config is None and cfg.data.path is None
-        if is_demo:  # the demo's sizes for this algorithm, then the user's overrides on top
-            cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
+    cfg = load_config(config, overrides)
+    is_demo = config is None and cfg.data.path is None
+    if is_demo:  # the demo's sizes for this algorithm, then the user's overrides on top
+        cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
     out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a directory")
-    for key, spec in vars(cfg.models).items():
-        if spec.path is not None and not Path(spec.path).is_dir():
-            raise UserError(f"models.{key}.path: no checkpoint directory at {spec.path}")
+    check_out(out, args.resume, args.overwrite)
+    if args.resume:
+        check_resume_config(out, cfg)
+    if args.nprocs is not None and args.nprocs < 1:
+        raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")
+    check_inputs(cfg)  # every model, dataset and rule now, before any warm-up or rank starts
+    check_plan_spec(cfg, args.plan, args.nprocs or 1)
+    if args.overwrite:
+        clear_run(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(dump_yaml(cfg))
+
+    note = warmup_plan(cfg)[1]
+    if note:
+        print(f"note: {note}")
+    return run_job(cfg, args, out, is_demo)
+
+
+def check_plan_spec(cfg, spec: str | None, world: int) -> None:
+    """``--plan``: a strategy name, or a plan file that exists, parses and fits this run (checked
+    before anything is written; under torchrun the world is the job's)."""
+    import os
+
+    from ..plan.strategies import BUILDERS
+
+    if spec is None or spec in BUILDERS or spec == "search":
+        return
+    if not Path(spec).is_file():
+        if spec.endswith(".json") or "/" in spec or Path(spec).exists():
+            raise UserError(f"--plan: plan file not found: {spec}")
+        raise UserError(f"--plan: unknown strategy {spec!r}; known: {', '.join([*BUILDERS, 'search'])}, "
+                        "or a plan file (FILE.json)")
+    from ..runtime.plans import resolve_plan
+
+    resolve_plan(cfg, spec, int(os.environ.get("WORLD_SIZE", world)))
+
+
+def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
+    """Every run is the runtime (meshrl/runtime/job.py): one rank in this process by default,
+    ``--nprocs N`` local ranks, or the ranks of a torchrun job; all write the same OUT/ and resume."""
+    import os
+
+    from ..runtime.job import launch, under_torchrun
+
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.nprocs or 1)
     rank0 = not under_torchrun() or os.environ.get("RANK") == "0"
     if rank0:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(dump_yaml(cfg))
         demo = " (built-in demo: single-digit addition, tiny model)" if is_demo else ""
         print(f"meshrl train: algo={cfg.algo}{demo} on {world} rank{'s' if world > 1 else ''}")
         print(sizes_line(cfg))
@@ -140,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"reward/mean: {records[0]['reward/mean']:.3f} at iteration {records[0]['iteration']} -> "
               f"{records[-1]['reward/mean']:.3f} at iteration {records[-1]['iteration']}")
     trained = "reward" if cfg.algo == "rm" else "actor"
-    if is_demo and cfg.algo != "rm":
+    if is_demo and cfg.algo != "rm" and (out / trained).is_dir():
         print("greedy answers of the trained actor: " + examples(out / trained))
     print(f"outputs in {out}/: config.yaml, plan.json, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
           f"trace.json (Perfetto), ckpt-*/ (--resume), {trained}/ (Hugging Face checkpoint)")

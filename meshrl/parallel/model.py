@@ -26,6 +26,7 @@ from ..layout.shardmap import ShardMap, check_shardable, shard_map
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
 from ..model.heads import Batch, HeadOutputs, LossFn, pad_columns, pad_head, split_micro, trim_columns
+from ..model.moe import set_moe_aux
 from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
 from .groups import GroupCache, RankGroups
@@ -54,6 +55,8 @@ class ParallelModel:
         self._counted = counted_names(self.sm, self.groups.rank)
         kv_split = placement.layout.tp > cfg.num_key_value_heads
         self._kv_names = [n for n in self.named if kv_split and (".k_proj." in n or ".v_proj." in n)]
+        tp_split = placement.layout.tp > 1
+        self._tp_names = [n for n in self.named if tp_split and (".q_norm." in n or ".k_norm." in n)]
         self._tied = cfg.tie_word_embeddings and not value_head
         self.dp_bucket_bytes = BUCKET_BYTES  # gradient all-reduce bucket (PyTorch DDP's default size)
 
@@ -143,7 +146,7 @@ class ParallelModel:
 
     # ---- training -------------------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossFn, micro_batches: int = 1,
-                         entropy: bool = False) -> float:
+                         entropy: bool = False, moe_aux: float = 0.0) -> float:
         """Accumulate the mini-batch gradient into every local parameter's ``.grad`` (complete and
         identical on the holders of a slice, after the tied/kv/dp reductions). ``loss_fn`` must
         normalise by the whole mini-batch (see data.py). Returns the mini-batch loss on every rank."""
@@ -156,8 +159,12 @@ class ParallelModel:
             h = self._run_stage(run, x)
             return loss_fn(pad_head(self._head(h, run, entropy), lo, width), micro[i]) if self.stage.last else h
 
-        losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape([c[0] for c in cut]), self.dtype)
-        sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes)
+        set_moe_aux(self.stage, moe_aux)  # the router balance loss, injected at each MoE layer
+        try:
+            losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape([c[0] for c in cut]), self.dtype)
+        finally:
+            set_moe_aux(self.stage, 0.0)
+        sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes, self._tp_names)
         loss = torch.stack(losses).sum().double() if losses else torch.zeros((), dtype=torch.float64)
         if self.groups.dp.group is not None:
             dist.all_reduce(loss, group=self.groups.dp.group)

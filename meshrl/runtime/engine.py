@@ -1,7 +1,7 @@
 """The SPMD engine: every rank walks the same global order of steps and does the ones that include it.
 
     roles = build_roles(...)                      # home ParallelModels + per-placement copies
-    for step in schedule.steps(graph, plan, ...):   # identical list on every rank
+    for step in plan.steps.steps(graph, plan, ...):  # identical list on every rank
         if rank in step.ranks: do(step)            # call | realloc | transfer | end of iteration
 
 Data lives per iteration: ``store[t]`` holds the whole-batch tensors this rank has (the dataset's
@@ -19,21 +19,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from ..algo import setup
 from ..algo.batch import Batch
 from ..algo.common import CallContext
-from ..algo.graph import Graph, graph_for
 from ..algo.calls import Place, implementation, row_wise
-from ..algo.evaluate import Evaluation, evaluations
+from ..algo.demo_evals import Evaluation, evaluations
+from ..algo.evaluate import eval_batch, eval_due, eval_metrics, eval_rows
+from ..algo.graph import Graph, graph_for
 from ..algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..algo.registry import tensor_keys
 from ..config import Config
 from ..parallel.groups import GroupCache
 from ..plan.execution_plan import ExecutionPlan
-from .roles import RoleModels, build_roles, initial_states
 from ..plan.steps import Step, report_rank, steps
+from .roles import RoleModels, build_roles, initial_states
 from .transfer import exchange
 
 
@@ -73,6 +75,8 @@ class Engine:
         """Iterations start..stop-1. ``on_end(t, logs)`` runs on every rank after iteration t, with
         all ranks' logs on rank 0 (None elsewhere). ``ahead``: iteration start's generation (async)
         is already in ``held`` (restored from a checkpoint), so it is not run again."""
+        if eval_due(self.cfg, start):
+            self.evaluate(start)
         for step in steps(self.graph, self.plan, start, stop, self.cfg.train.off_policy, ahead):
             if self.rank not in step.ranks:
                 continue
@@ -91,6 +95,8 @@ class Engine:
             if step.kind == "end":
                 self._evaluate(step.iteration)
                 on_end(step.iteration, self._gather(step.iteration))
+                if step.iteration + 1 < stop and eval_due(self.cfg, step.iteration + 1):
+                    self.evaluate(step.iteration + 1)
                 continue
             lg = self.logs.setdefault(step.iteration, RankLog())
             dur = time.time() - t0
@@ -180,7 +186,31 @@ class Engine:
             lg.stats.update(stats)
             lg.tokens = float(batch.tokens().sum())
             if call.role == "actor" and self.cfg.algo in RL_ALGOS:
-                lg.stats.update(rollout_metrics(batch))
+                lg.stats.update(rollout_metrics(batch, self.cfg))
+
+    def evaluate(self, t: int) -> None:
+        """Evaluate the actor as it stands before iteration t (meshrl/algo/evaluate.py), on every
+        rank: the ranks of the actor's home layout generate their replica's part of the eval
+        prompts, each replica's holder sends its rewards to rank 0, which puts the figures in its
+        log of iteration t."""
+        role = self.roles["actor"]
+        if role.offloaded:
+            role.reload()
+        home = role.home
+        mine = None
+        if self.rank in home.mesh.ranks:
+            dp_i, _, pp_i = home.coords_of(self.rank)
+            h = role.handle(home)
+            batch = eval_batch(self.cfg, self.tok)
+            part = batch.split(home.layout.dp)[dp_i] if home.layout.dp > 1 else batch.select(torch.arange(len(batch)))
+            place = Place(dp_i, home.layout.dp, 1, holds_output=pp_i == home.layout.pp - 1)
+            rows = eval_rows(h, part, CallContext(self.cfg, t, self.tok, algo="eval"), place)
+            mine = rows if self.rank == home.holders()[dp_i] else None
+        out: list | None = [None] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object(mine, out, dst=0)
+        if out is not None:
+            merged = Batch.merge([b for b in out if b is not None])
+            self.logs.setdefault(t, RankLog()).stats.update(eval_metrics(merged, self.cfg))
 
     def _evaluate(self, t: int) -> None:
         """The evaluations due at iteration t, each on its role's home placement (algo/evaluate.py)."""

@@ -58,10 +58,11 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
 
     plan, note = resolve_plan(cfg, plan_spec, world)
     start = 0
-    if resume:
-        ck = latest_checkpoint(out)
-        if ck is None:
-            raise UserError(f"--resume: no checkpoint in {out}")
+    ck = latest_checkpoint(out) if resume else None
+    if resume and ck is None and not quiet:
+        # killed before its first checkpoint (in the warm-up, say): the same command starts over
+        print(f"--resume: no checkpoint in {out} yet, so the run starts from the beginning")
+    if ck is not None:
         saved = ExecutionPlan.load(ck / "plan.json")
         if saved.to_dict()["calls"] != plan.to_dict()["calls"]:
             plan = saved  # resume under the plan the checkpoint was written with (off-policy: its batch ahead)

@@ -11,6 +11,7 @@ import torch
 from meshrl.algo import setup
 from meshrl.algo.calls import Place, implementation, row_wise
 from meshrl.algo.common import CallContext
+from meshrl.algo.evaluate import eval_due, evaluate_local
 from meshrl.algo.graph import graph_for
 from meshrl.algo.handles import LocalHandle
 from meshrl.algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
@@ -19,7 +20,8 @@ from meshrl.algo.warmup import warmup_sft
 
 
 def one_process_metrics(cfg) -> list[dict]:
-    """One record per iteration: rollout metrics (RL) and every call's statistics."""
+    """One record per iteration: rollout metrics (RL), every call's statistics, and the eval.path
+    evaluation (meshrl/algo/evaluate.py) when due."""
     return one_process_run(cfg)[0]
 
 
@@ -37,6 +39,7 @@ def one_process_run(cfg) -> tuple[list[dict], dict[str, torch.nn.Module]]:
     data = dataset(cfg, tok)
     records = []
     for it in range(cfg.train.iterations):
+        evaluated = evaluate_local(handles["actor"], cfg, tok, it) if eval_due(cfg, it) else {}  # before the update
         ctx, batch, stats = CallContext(cfg, it, tok), iteration_batch(data, cfg, it), {}
         for call in graph.calls:
             res = implementation(call, cfg.algo)(handles[call.role], batch.only(tensor_keys(call.inputs)), ctx,
@@ -45,6 +48,7 @@ def one_process_run(cfg) -> tuple[list[dict], dict[str, torch.nn.Module]]:
                 batch = batch.with_(**res.data)
             else:
                 stats.update(res)
-        records.append({"iteration": it, **(rollout_metrics(batch) if cfg.algo in RL_ALGOS else {}), **stats})
+        rollout = rollout_metrics(batch, cfg) if cfg.algo in RL_ALGOS else {}
+        records.append({"iteration": it, **rollout, **stats, **evaluated})
     return records, {n: r.model for n, r in roles.items() if r.model is not None}
 
