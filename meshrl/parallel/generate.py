@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
-from ..model.generation import (GenerationConfig, GenerationOutput, _generators, decode_loop, left_pad, make_caches,
-                                pick_token)
+from ..model.generation import (GenerationConfig, GenerationOutput, compact_caches, decode_loop, left_pad,
+                                make_caches, pick_token, seed_keys)
 from .groups import Axis
 from .pipeline import Pipe
 from .stage import Stage
@@ -21,7 +21,7 @@ from .tensor import gather_vocab
 
 
 def _step(stage: Stage, pipe: Pipe, tp: Axis, x: torch.Tensor, mask: torch.Tensor, caches: list,
-          start: int) -> torch.Tensor | None:
+          start: int | torch.Tensor) -> torch.Tensor | None:
     """One pass of x [B, s] (token ids; the other stages receive hidden [B, s, hidden]) through the
     pipeline; -> full float32 logits [B, V] of the last position on the last stage, else None."""
     b, s = x.shape
@@ -44,20 +44,23 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
         raise UserError("generate: sampling on several ranks needs per-row seeds (randomness belongs "
                         "to the data, so every rank and every layout draws the same tokens)")
     dev = stage.device
-    gens = None if cfg.greedy else _generators(seeds, len(prompts), dev)
+    keys = None if cfg.greedy else seed_keys(seeds, len(prompts), dev)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, dev)
     caches = make_caches(stage, len(prompts), ids.shape[1] + cfg.max_new_tokens)
 
-    def pick(logits: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def pick(logits: torch.Tensor | None, rows: torch.Tensor, step: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         # The last stage picks; every stage gets the tokens (exact in float64) and their log-probs.
-        packed = torch.empty(2, len(prompts), dtype=torch.float64, device=dev)
+        packed = torch.empty(2, rows.numel(), dtype=torch.float64, device=dev)
         if pipe.last:
-            tok, lp = pick_token(logits, cfg, gens)
+            tok, lp = pick_token(logits, None if keys is None else keys[rows], step, cfg.temperature,
+                                 cfg.top_k, cfg.top_p)
             packed[0], packed[1] = tok.double(), lp.double()
         pipe.broadcast_from_last(packed)
         return packed[0].long(), packed[1].float()
 
-    out = decode_loop(lambda x, mask, start: _step(stage, pipe, tp, x, mask, caches, start), pick,
-                      ids, prompt_mask, cfg)
+    out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0),
+                      lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot),
+                      pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg)
     pipe.wait_sends()
     return out
