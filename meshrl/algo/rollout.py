@@ -16,7 +16,7 @@ def generation_config(cfg: Config, tok, greedy: bool = False) -> GenerationConfi
     """The run's sampling settings (or greedy decoding) for gen_len new tokens."""
     return GenerationConfig(max_new_tokens=cfg.data.gen_len, greedy=greedy, temperature=cfg.gen.temperature,
                             top_k=cfg.gen.top_k, top_p=cfg.gen.top_p, eos_token_id=tok.eos_token_id,
-                            pad_token_id=tok.pad_token_id)
+                            pad_token_id=tok.pad_token_id, compile=cfg.gen.compile or None)
 
 
 def pack_generation(out, p_ids: torch.Tensor, p_mask: torch.Tensor, n: int, pad: int) -> dict[str, torch.Tensor]:

@@ -24,6 +24,7 @@ log-probs equal a fresh forward pass.
 from __future__ import annotations
 
 from collections.abc import Callable
+import os
 from dataclasses import dataclass
 
 import torch
@@ -44,9 +45,16 @@ class GenerationConfig:
     top_p: float = 1.0  # 1.0 = off
     eos_token_id: int | None = None
     pad_token_id: int = 0
-    compile: bool = False  # run the decode step through torch.compile (same tokens, faster steps)
+    # Run the decode step through torch.compile (same tokens, faster steps). Left at None, the
+    # environment decides: MESHRL_GEN_COMPILE=1 turns it on in this process and the ranks it starts
+    # (that runs the generation tests under compile without a copy of each test).
+    compile: bool | None = None  # None: MESHRL_GEN_COMPILE
     sync_every: int = 8  # decode steps between host checks for "every row has ended" (and compaction)
     compact_below: float = 0.5  # at a check, drop finished rows once at most this share is alive
+
+    @property
+    def use_compile(self) -> bool:
+        return self.compile if self.compile is not None else os.environ.get("MESHRL_GEN_COMPILE", "") == "1"
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
@@ -123,7 +131,7 @@ _COMPILED: dict[str, Callable] = {}
 def compiled(name: str, fn: Callable) -> Callable:
     """``torch.compile(fn)``, made once per process (graphs are then cached per shape and model)."""
     if name not in _COMPILED:
-        _COMPILED[name] = torch.compile(fn, dynamic=False)
+        _COMPILED[name] = torch.compile(fn)  # static shapes first; a second shape makes batch dynamic
     return _COMPILED[name]
 
 
@@ -198,8 +206,8 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     keys = None if cfg.greedy else seed_keys(seeds, len(prompts), device)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, device)
     caches = make_caches(model, len(prompts), ids.shape[1] + cfg.max_new_tokens)
-    step_fn = compiled("decode_one", decode_one) if cfg.compile else decode_one
-    pick_fn = compiled("pick_token", pick_token) if cfg.compile else pick_token
+    step_fn = compiled("decode_one", decode_one) if cfg.use_compile else decode_one
+    pick_fn = compiled("pick_token", pick_token) if cfg.use_compile else pick_token
 
     def prefill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # Only the last position goes through the LM head (the others' logits are never used).

@@ -123,3 +123,36 @@ def test_bad_prompts_and_seeds(model):
         generate(model, [[1, 2], []], _sampling())
     with pytest.raises(UserError, match="seeds"):
         generate(model, PROMPTS, _sampling(), seeds=[1])
+
+
+def test_compaction_and_host_checks_change_nothing(model):
+    """Finished rows dropped early (compaction at every check) or never, host checks every step or
+    every 8: the same tokens, log-probs and masks. EOS is made frequent (a common byte) so that rows
+    end at different steps and the batch does shrink."""
+    prompts = PROMPTS * 3
+    seeds = list(range(100, 112))
+    base = _sampling(max_new_tokens=40, temperature=2.0, eos_token_id=TOK.encode(" ")[0])
+    never = generate(model, prompts, GenerationConfig(**{**base.__dict__, "compact_below": 0.0}), seeds)
+    lens = never.response_mask.sum(1)
+    assert lens.min() < lens.max() and lens.min() < 20  # rows do end at different steps
+    for sync_every, below in ((1, 0.99), (8, 0.5), (3, 0.9)):
+        cfg = GenerationConfig(**{**base.__dict__, "sync_every": sync_every, "compact_below": below})
+        got = generate(model, prompts, cfg, seeds)
+        assert torch.equal(got.responses, never.responses) and torch.equal(got.response_mask, never.response_mask)
+        assert torch.allclose(got.response_logprobs, never.response_logprobs, atol=1e-5)
+
+
+def test_compaction_shrinks_the_batch(model, monkeypatch):
+    """The decode step really runs on fewer rows once most have ended (the point of compaction)."""
+    import meshrl.model.generation as g
+    sizes = []
+    real = g.decode_one
+    monkeypatch.setattr(g, "decode_one", lambda m, tok, *a: sizes.append(tok.shape[0]) or real(m, tok, *a))
+    first = generate(model, PROMPTS, _sampling(greedy=True, eos_token_id=None, max_new_tokens=3)).responses
+    eos = int(first[0, 0])  # rows with prompt 0 end after their first token
+    prompts = [PROMPTS[0]] * 6 + [PROMPTS[1]] * 2
+    sizes.clear()
+    out = generate(model, prompts, _sampling(greedy=True, eos_token_id=eos, max_new_tokens=20, sync_every=2,
+                                              compact_below=0.5, compile=False))  # the spy sees eager steps
+    assert out.response_mask[:6].sum(1).tolist() == [1] * 6
+    assert sizes[0] == 8 and sizes[-1] == 2
