@@ -6,10 +6,11 @@ Prompts of different lengths are left-padded, so that every row's next token sit
 column; positions are counted over real tokens only (``positions_from_mask``), as HF's
 ``generate`` does, so a row's logits do not depend on how much padding it got.
 
-The decode step has the same shapes at every step: the caches are static [B, kvh, P+N, D], the
-mask covers all P+N slots from the start (causality hides the slots not yet written), and the
-slot is a 0-dim tensor. So ``torch.compile`` traces it once (``GenerationConfig.compile``), and
-nothing waits for the host per token: end-of-sequence is tracked on the device and looked at every
+Under ``GenerationConfig.compile`` the decode step has the same shapes at every step: the caches
+are static [B, kvh, P+N, D], the mask covers all P+N slots from the start (causality hides the
+slots not yet written), and the slot is a 0-dim tensor, so ``torch.compile`` traces it once.
+Eager steps read only the filled prefix of the same caches (fewer keys on a CPU). Nothing waits
+for the host per token: end-of-sequence is tracked on the device and looked at every
 ``sync_every`` steps. At those checks, once at most ``compact_below`` of the batch is alive, the
 finished rows are dropped from the batch and the caches (compaction), so a long tail does not
 pay for the whole batch.
@@ -110,9 +111,10 @@ def compact_caches(caches: list[KVCache], keep: torch.Tensor) -> None:
 
 
 def decode_one(model: CausalLM, tok: torch.Tensor, mask: torch.Tensor, caches: list[KVCache],
-               start: torch.Tensor) -> torch.Tensor:
-    """tok [B] written at cache slot ``start`` (0-dim long tensor); mask [B, max_len] covers the whole
-    cache. -> next-token logits [B, V] float32. Same shapes at every step: one compiled graph."""
+               start: torch.Tensor | int) -> torch.Tensor:
+    """tok [B] written at cache slot ``start``; mask [B, start+1] covers the filled cache, or, with
+    ``start`` a 0-dim long tensor, mask [B, max_len] covers the whole cache: then the shapes are the
+    same at every step (one compiled graph). -> next-token logits [B, V] float32."""
     hidden = model.model(tok[:, None], mask, caches, start)
     return model.lm_head(hidden[:, -1]).float()
 
@@ -156,10 +158,14 @@ Pick = Callable[["torch.Tensor | None", torch.Tensor, torch.Tensor], tuple[torch
 
 
 def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[[torch.Tensor], None],
-                ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig) -> GenerationOutput:
+                ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool = False
+                ) -> GenerationOutput:
     """The decoding loop every generator shares (one process here, a pipeline in
     meshrl/parallel/generate.py): prefill, then pick a token and decode it, until EOS or the budget.
 
+    ``static``: the decode step gets the whole mask and a tensor slot (fixed shapes, for a compiled
+    step); otherwise an int slot and the mask of the filled prefix, so that eager attention reads
+    only the filled cache (fewer keys, and the very numbers of an unpadded forward).
     Host syncs: one every ``cfg.sync_every`` steps (all ended? compact?) and one at the end."""
     b, p = ids.shape
     n, dev = cfg.max_new_tokens, ids.device
@@ -190,7 +196,7 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
                 keep = alive.nonzero().squeeze(1)
                 compact(keep)
                 rows, alive, tok, mask = rows[keep], alive[keep], tok[keep], mask[keep]
-        logits = decode(tok, mask, slot + step)
+        logits = decode(tok, mask, slot + step) if static else decode(tok, mask[:, :p + step + 1], p + step)
     width = max(int(out_alive.sum(1).max()), 1)  # as if the loop had stopped when the last row ended
     return GenerationOutput(out_tok[:, :width].clone(), out_lp[:, :width].clone(), out_alive[:, :width].clone())
 
@@ -216,7 +222,7 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     return decode_loop(prefill, lambda tok, mask, slot: step_fn(model, tok, mask, caches, slot),
                        lambda logits, rows, step: pick_fn(logits, None if keys is None else keys[rows], step,
                                                           cfg.temperature, cfg.top_k, cfg.top_p),
-                       lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg)
+                       lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg, static=cfg.use_compile)
 
 
 def sequence_logprobs(model: CausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None

@@ -70,6 +70,7 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     fwd = compiled("stage_forward", _stage_forward) if cfg.use_compile and tp.size == 1 else _stage_forward
     out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0),
                       lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd),
-                      pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg)
+                      pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg,
+                      static=fwd is not _stage_forward)
     pipe.wait_sends()
     return out
