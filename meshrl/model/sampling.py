@@ -13,11 +13,14 @@ the counter ``(row key, step, v)`` by an integer hash, so
 - there is no generator state to carry between steps or ranks, and the step is a tensor, so the
   decode step keeps the same shapes (and one compiled graph) at every step.
 
-The hash is Chris Wellons' ``lowbias32`` (two xor-shift-multiply rounds, a bijection on 32-bit
-words with low avalanche bias), applied to the row key, the step and the column and combined by a
-further round. Integer arithmetic is done on int64 tensors holding 32-bit words, with 32 x 32-bit
-products split in 16-bit halves so that nothing overflows int64. ``U`` has 24 random bits,
-``(h >> 8 + 0.5) / 2**24``, strictly inside (0, 1): Gumbel noise is then finite, at most about 17.
+The hash is a two-round xor-shift-multiply bijection on 32-bit words from Chris Wellons' hash
+prospector (``[16 21f0aaad 15 735a2d97 15]``, bias 0.108, lower than MurmurHash3's finaliser). Its
+multipliers are below 2**31, so on int64 tensors holding 32-bit words every product is exact (no
+overflow, the same bits on every device and under torch.compile). The row key and the step are
+hashed into one word per row, each token index into one word per column, and a last round over
+their xor gives the [B, V] words: one hash round per element, the rest is per row or per column.
+``U`` has 23 random bits, ``(h >> 9 + 0.5) / 2**23``, strictly inside (0, 1) in float32 (24 bits
+would round the largest value up to 1.0): Gumbel noise is then finite, at most about 16.6.
 """
 
 from __future__ import annotations
@@ -28,19 +31,13 @@ _M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9  # odd constant that separates the step and column streams
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for 32-bit words x (int64) and a 32-bit constant c, without overflow."""
-    lo, hi = x & 0xFFFF, x >> 16
-    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _M32
-
-
 def mix32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32: a 32-bit bijective hash of 32-bit words held in int64 tensors (any shape)."""
+    """A 32-bit bijective hash of 32-bit words held in int64 tensors (any shape); products < 2**63."""
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
+    x = (x * 0x21F0AAAD) & _M32
     x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
 
 
 def row_keys(seeds: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
@@ -55,8 +52,8 @@ def uniforms(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.
     step = torch.as_tensor(step, dtype=torch.int64, device=keys.device)
     rowstep = mix32(keys ^ mix32((step * _GOLDEN + 1) & _M32))  # [B]
     cols = mix32(torch.arange(vocab, dtype=torch.int64, device=keys.device) ^ _GOLDEN)  # [V]
-    h = mix32(mix32(rowstep[:, None] ^ cols[None, :]) ^ rowstep[:, None])
-    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    h = mix32(rowstep[:, None] ^ cols[None, :])
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def gumbel(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
