@@ -31,7 +31,7 @@ def _setup(batch: int, seq: int) -> bool:
     from meshrl.model.checkpoint import build_model
     from meshrl.parallel.data import AdamWConfig
     from meshrl.parallel.groups import GroupCache
-    from meshrl.parallel.mesh import Placement
+    from meshrl.layout.mesh import Placement
     from meshrl.parallel.model import ParallelModel
 
     opt = AdamWConfig(lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, max_grad_norm=1.0)

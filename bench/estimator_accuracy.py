@@ -32,7 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from meshrl.model import GenerationConfig, build_model, generate, get_preset, sequence_logprobs  # noqa: E402
-from meshrl.parallel.mesh import Layout  # noqa: E402
+from meshrl.layout.mesh import Layout  # noqa: E402
 from meshrl.plan.estimator import CallSpec, RunShape, estimate_call  # noqa: E402
 from meshrl.plan.hardware import load_profile  # noqa: E402
 from meshrl.runtime.profile_layers import median_time  # noqa: E402

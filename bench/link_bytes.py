@@ -1,4 +1,4 @@
-"""Time meshrl.realloc.plan.link_bytes (what the planner calls) for llama2-70b on 128 ranks.
+"""Time meshrl.layout.realloc_plan.link_bytes (what the planner calls) for llama2-70b on 128 ranks.
 
     python bench/link_bytes.py
 
@@ -8,8 +8,8 @@ number of links and the bytes that cross them (bf16)."""
 import time
 
 from meshrl.model.presets import get_preset
-from meshrl.parallel.mesh import Placement
-from meshrl.realloc.plan import link_bytes
+from meshrl.layout.mesh import Placement
+from meshrl.layout.realloc_plan import link_bytes
 
 PAIRS = [("dp16tp8pp1@0-127", "dp1tp8pp16@0-127"), ("dp2tp8pp8@0-127", "dp4tp4pp8@0-127"),
          ("dp8tp8pp2@0-127", "dp16tp8pp1@0-127"), ("dp4tp8pp2@0-63", "dp8tp8pp1@64-127"),

@@ -26,8 +26,9 @@ from meshrl.model.checkpoint import build_model
 from meshrl.model.generation import sequence_logprobs
 from meshrl.parallel.data import AdamWConfig
 from meshrl.parallel.groups import GroupCache
-from meshrl.parallel.mesh import Placement
-from meshrl.parallel.model import HeadOutputs, ParallelModel
+from meshrl.layout.mesh import Placement
+from meshrl.model.heads import HeadOutputs
+from meshrl.parallel.model import ParallelModel
 
 OPT = AdamWConfig(lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, max_grad_norm=1.0)
 

@@ -1,4 +1,4 @@
-"""What every call gets besides its role's model handle (meshrl/runtime/handles.py): the batch and a
+"""What every call gets besides its role's model handle (meshrl/algo/handles.py): the batch and a
 context; and the keyed randomness, the optimizer and the stat sums the calls share.
 
 Calls share no hidden state: a call sees only its own role and the batch keys it declared, so a

@@ -1,5 +1,5 @@
 """What the RL train calls optimise, as pure functions of the rollout batch: the KL settings, and
-the advantages (and PPO's returns) that meshrl/runtime/calls.py's actor_train and critic_train
+the advantages (and PPO's returns) that meshrl/algo/calls.py's actor_train and critic_train
 compute from the same inputs. Both train calls derive them themselves, so they share nothing but
 the batch.
 """

@@ -11,7 +11,8 @@ random weights (seed 0) and the byte tokenizer: the output is noise, but every c
 A prompt is encoded exactly as training and evaluation encode it (meshrl.data.encode.prompt_ids:
 the tokenizer's own special tokens, so BOS where the tokenizer adds one). FILE.jsonl holds one JSON
 object a line, {"prompt": TEXT} or, with --chat, {"messages": [{"role": ..., "content": ...}]}
-(a "prompt" then becomes one user message); --chat renders the checkpoint's chat template.
+(a "prompt" then becomes one user message); --chat renders the checkpoint's chat template
+(meshrl/data/chat.py, as training does) and stops a reply at the template's end of turn.
 Row i samples from seed (S, i) only, so a completion does not depend on --batch-size.
 Without --json the completions are printed one after another; --json prints one object
 {"completions": [TEXT, ...], "tokens_per_s": F, "seconds": F} (input order; seconds = generation
@@ -101,15 +102,17 @@ def read_prompts(path: str, chat: bool) -> list[str | list[dict]]:
 
 
 def encode_all(tok, model_dir: str, items: list, chat: bool) -> list[list[int]]:
+    """Prompt texts (or, with chat, conversations) -> token ids, as training encodes them."""
     from ..data.encode import prompt_ids
 
     if not chat:
         return [prompt_ids(tok, text) for text in items]
-    from .chat_prompt import render_chat
+    from ..data.chat import load_chat_template
 
     # The rendered template carries its own special tokens (BOS included), as transformers'
-    # apply_chat_template(tokenize=True) does: encode it without adding more.
-    return [prompt_ids(tok, render_chat(model_dir, msgs), special_tokens=False) for msgs in items]
+    # apply_chat_template(tokenize=True) does, and as training encodes a chat record: add none.
+    template = load_chat_template(model_dir)
+    return [prompt_ids(tok, template.render_messages(msgs), special_tokens=False) for msgs in items]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"the tokenizer gives id {max(ids)}, beyond the model's vocab_size="
                             f"{model.config.vocab_size}: tokenizer and model do not belong together")
     eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
+    if args.chat:  # a reply ends at the template's end of turn, as in training (algo/rollout.py)
+        from ..data.chat import end_of_turn_id
+
+        eos = end_of_turn_id(args.model, tok)
     pad = next(t for t in (tok.pad_token_id, eos, 0) if t is not None)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, greedy=args.greedy, temperature=args.temperature,
                            top_k=args.top_k, top_p=args.top_p, eos_token_id=eos, pad_token_id=pad,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ..errors import UserError
-from .mesh import Placement
+from ..layout.mesh import Placement
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,6 @@ forward (logits, log-probs, values) live on the last pipeline stage, identical o
 from __future__ import annotations
 
 import math
-
-from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
@@ -23,40 +21,17 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import UserError
+from ..layout.mesh import Placement
+from ..layout.shardmap import ShardMap, check_shardable, shard_map
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
-from ..realloc.shardmap import ShardMap, check_shardable, shard_map
+from ..model.heads import Batch, HeadOutputs, LossFn, split_micro
 from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
 from .groups import GroupCache, RankGroups
-from .mesh import Placement
 from .pipeline import Pipe, infer, train_1f1b
 from .stage import SliceLoader, Stage, loader_from_state
 from .tensor import vocab_parallel_logprobs
-
-
-@dataclass
-class HeadOutputs:
-    """What a loss function sees for one micro-batch of b rows and S tokens (last stage only).
-
-    logprobs [b, S-1]: log p(token t+1 | tokens <= t), float32 (language models);
-    entropy [b, S-1] or None (when asked for); values [b, S] (value models)."""
-
-    logprobs: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-
-
-Batch = Mapping[str, torch.Tensor]  # at least input_ids and attention_mask [B, S]; all split on dim 0
-LossFn = Callable[[HeadOutputs, Batch], torch.Tensor]
-
-
-def split_micro(batch: Batch, n: int) -> list[dict[str, torch.Tensor]]:
-    rows = batch["input_ids"].shape[0]
-    if not 1 <= n <= rows:
-        raise UserError(f"cannot split {rows} rows into {n} micro-batches")
-    parts = {k: torch.tensor_split(v, n, dim=0) for k, v in batch.items()}
-    return [{k: parts[k][i] for k in batch} for i in range(n)]
 
 
 class ParallelModel:
@@ -79,6 +54,8 @@ class ParallelModel:
         self._counted = counted_names(self.sm, self.groups.rank)
         kv_split = placement.layout.tp > cfg.num_key_value_heads
         self._kv_names = [n for n in self.named if kv_split and (".k_proj." in n or ".v_proj." in n)]
+        tp_split = placement.layout.tp > 1
+        self._tp_names = [n for n in self.named if tp_split and (".q_norm." in n or ".k_norm." in n)]
         self._tied = cfg.tie_word_embeddings and not value_head
         self.dp_bucket_bytes = BUCKET_BYTES  # gradient all-reduce bucket (PyTorch DDP's default size)
 
@@ -171,7 +148,7 @@ class ParallelModel:
             return loss_fn(self._head(h, micro[i], entropy), micro[i]) if self.stage.last else h
 
         losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
-        sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes)
+        sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes, self._tp_names)
         loss = torch.stack(losses).sum().double() if losses else torch.zeros((), dtype=torch.float64)
         if self.groups.dp.group is not None:
             dist.all_reduce(loss, group=self.groups.dp.group)

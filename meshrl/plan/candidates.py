@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..parallel.mesh import Layout, Mesh
+from ..layout.mesh import Layout, Mesh
 from .execution_plan import CallPlan, ExecutionPlan
 from .problem import Problem
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
-from ..parallel.mesh import Layout, LayoutError, Mesh, Placement
+from ..layout.mesh import Layout, LayoutError, Mesh, Placement
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,15 @@ cross nodes), reallocation times keyed by the two placements up to a whole-node 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..algo.graph import Graph
 from ..errors import UserError
 from ..model.config import ModelConfig
-from ..parallel.mesh import Layout, LayoutError, Mesh, Placement
-from ..realloc.plan import link_bytes
-from ..realloc.shardmap import check_shardable
+from ..layout.mesh import Layout, LayoutError, Mesh, Placement
+from ..layout.realloc_plan import link_bytes
+from ..layout.shardmap import check_shardable
 from .estimator import CallSpec, Estimate, RunShape, estimate_call, mesh_links
 from .execution_plan import CallPlan, Cluster, ExecutionPlan
 from .hardware import Hardware
@@ -35,6 +35,9 @@ class Problem:
     cluster: Cluster
     async_gen: int = 0
     optimistic: bool = False  # unknown reallocation times read as 0 (see realloc_time)
+    # Measured over predicted seconds per call, refitted from a run (meshrl plan --calibrate,
+    # plan/calibrate.py): every candidate of the call is priced at its estimate times this.
+    call_scale: dict[str, float] = field(default_factory=dict)
     specs: dict[str, CallSpec] = field(init=False)
     _calls: dict = field(init=False, default_factory=dict)
     _realloc: dict = field(init=False, default_factory=dict)
@@ -66,6 +69,9 @@ class Problem:
             est = self._calls.get(key)
             if est is None:
                 est = estimate_call(self.specs[name], self.shape, cp.layout, cp.micro_batches, self.hw, links)
+                k = self.call_scale.get(name, 1.0)
+                if k != 1.0:
+                    est = replace(est, time_s=est.time_s * k, breakdown={p: v * k for p, v in est.breakdown.items()})
                 self._calls[key] = est
             self._calls[(name, cp)] = est
         return est

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from ..errors import UserError
-from ..parallel.mesh import Layout, Mesh
+from ..layout.mesh import Layout, Mesh
 from .candidates import call_layouts, fit_micro_batches, layouts, split_sizes
 from .execution_plan import CallPlan, ExecutionPlan
 from .problem import Problem

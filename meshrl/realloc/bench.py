@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 
 from ..model.config import ModelConfig
-from ..parallel.mesh import Placement
+from ..layout.mesh import Placement
 from .executor import DEFAULT_BUCKET_BYTES, Reallocator
-from .plan import realloc_plan
-from .shardmap import shard_map
+from ..layout.realloc_plan import realloc_plan
+from ..layout.shardmap import shard_map
 from .synthetic import synthetic, synthetic_shards
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

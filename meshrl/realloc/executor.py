@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .plan import ReallocPlan
+from ..layout.realloc_plan import ReallocPlan
 from .schedule import Bucket, link_buckets, rank_rounds
-from .shardmap import Slice
+from ..layout.shardmap import Slice
 
 DEFAULT_BUCKET_BYTES = 32 << 20
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import ReallocPlan, Transfer
-from .shardmap import Slice, slice_numel
+from ..layout.realloc_plan import ReallocPlan, Transfer
+from ..layout.shardmap import Slice, slice_numel
 
 
 DIRECT_MIN_BYTES = 64 << 10  # below this, a message's latency costs more than packing it

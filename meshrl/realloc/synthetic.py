@@ -12,7 +12,7 @@ import zlib
 
 import torch
 
-from .shardmap import ShardMap, Slice
+from ..layout.shardmap import ShardMap, Slice
 
 _MASK = (1 << 24) - 1
 _MASK46 = 0x3FFFFFFFFFFF

@@ -28,7 +28,7 @@ _state: dict = {}
 def _setup() -> bool:
     from ..model.checkpoint import build_model
     from ..parallel.groups import GroupCache
-    from ..parallel.mesh import Placement
+    from ..layout.mesh import Placement
     from ..parallel.model import ParallelModel
 
     plain = build_model("tiny", seed=0)

@@ -23,12 +23,12 @@ from ..config import Config
 from ..model.config import ModelConfig
 from ..parallel.data import AdamWConfig
 from ..parallel.groups import GroupCache, RankGroups
-from ..parallel.mesh import Placement
+from ..layout.mesh import Placement
 from ..parallel.model import ParallelModel
 from ..plan.execution_plan import ExecutionPlan
 from ..realloc.executor import Reallocator
-from ..realloc.plan import realloc_plan
-from ..realloc.shardmap import shard_map
+from ..layout.realloc_plan import realloc_plan
+from ..layout.shardmap import shard_map
 from .schedule import home_calls
 
 VALUE_ROLES = ("critic", "reward")

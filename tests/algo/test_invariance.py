@@ -1,6 +1,6 @@
 """Plans change speed, never results: DP splits of a rollout call and micro-batching of a train
 call give the same outputs and the same updated weights (up to float summation order). The calls
-are the runtime's (meshrl/runtime/calls.py) on the one-process handle."""
+are the runtime's (meshrl/algo/calls.py) on the one-process handle."""
 
 import copy
 
@@ -12,8 +12,8 @@ from meshrl.algo.common import CallContext
 from meshrl.algo.trainer import rollout_batch
 from meshrl.config import load_config
 from meshrl.model import build_model
-from meshrl.runtime.calls import Place, actor_train, generate_rows, ref_logprob_rows, score_rows
-from meshrl.runtime.handles import LocalHandle
+from meshrl.algo.calls import Place, actor_train, generate_rows, ref_logprob_rows, score_rows
+from meshrl.algo.handles import LocalHandle
 
 
 def rollout(cfg, tok):

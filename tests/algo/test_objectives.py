@@ -11,8 +11,8 @@ from meshrl.algo.common import CallContext
 from meshrl.algo.objectives import critic_free_advantages, ppo_advantages
 from meshrl.config import load_config
 from meshrl.model import build_model
-from meshrl.runtime.calls import Place, _actor_loss_fn, ref_logprob_rows
-from meshrl.runtime.handles import LocalHandle
+from meshrl.algo.calls import Place, _actor_loss_fn, ref_logprob_rows
+from meshrl.algo.handles import LocalHandle
 
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 LOGP_OLD = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]])

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from meshrl.model.checkpoint import build_model
 from meshrl.parallel.groups import GroupCache
-from meshrl.parallel.mesh import Placement
+from meshrl.layout.mesh import Placement
 from meshrl.parallel.model import ParallelModel
 from meshrl.runtime.launch import RankPool
 

@@ -81,7 +81,7 @@ def test_four_busy_ranks_on_two_cores_take_at_least_the_measured_factor(tmp_path
     keeps one rank busy of its pp (with pp 2: 2 of its 4 ranks)."""
     from dataclasses import replace
 
-    from meshrl.parallel.mesh import Layout
+    from meshrl.layout.mesh import Layout
 
     shared = cpu_problem(tmp_path, SHARED)
     alone = cpu_problem(tmp_path, PROFILE)
@@ -131,7 +131,7 @@ def test_a_pipeline_keeps_busy_only_the_stages_outside_its_bubble(tmp_path):
     stretched; with m micro-batches each stage works m of the m + 3 stage steps."""
     from dataclasses import replace
 
-    from meshrl.parallel.mesh import Layout
+    from meshrl.layout.mesh import Layout
 
     shared = cpu_problem(tmp_path, SHARED)
     base = colocated(cpu_problem(tmp_path, PROFILE))

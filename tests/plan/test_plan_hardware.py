@@ -65,7 +65,7 @@ def test_bad_hardware_inputs_name_the_culprit(tmp_path, monkeypatch):
 def test_measured_layer_costs_drive_the_cpu_estimate():
     """With per-layer fits in the profile, a call costs layers x fit + the fixed part, not FLOPs."""
     from meshrl.model.presets import get_preset
-    from meshrl.parallel.mesh import Layout
+    from meshrl.layout.mesh import Layout
     from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
     from meshrl.plan.model_costs import model_costs
 
@@ -124,7 +124,7 @@ def test_a_measured_pipeline_hop_prices_each_stage_boundary_of_each_pass():
     stage boundaries; with the profile's measured hop each crossing costs it (without one, the
     token broadcast is priced as p2p messages)."""
     from meshrl.model.presets import get_preset
-    from meshrl.parallel.mesh import Layout
+    from meshrl.layout.mesh import Layout
     from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
 
     spec = CallSpec("g", "actor", "generate", get_preset("tiny"))
@@ -143,7 +143,7 @@ def test_a_measured_per_tensor_optimizer_cost_is_paid_per_tensor_of_the_stage():
     """A CPU optimizer step costs mostly per tensor (foreach=False AdamW); with the profile's
     figure every optimizer step pays it once per parameter tensor the rank holds a chunk of."""
     from meshrl.model.presets import get_preset
-    from meshrl.parallel.mesh import Layout
+    from meshrl.layout.mesh import Layout
     from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
 
     spec = CallSpec("t", "actor", "train", get_preset("tiny"))

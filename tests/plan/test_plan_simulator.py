@@ -2,7 +2,7 @@
 
 import json
 
-from meshrl.parallel.mesh import Layout, Mesh
+from meshrl.layout.mesh import Layout, Mesh
 from meshrl.plan.execution_plan import CallPlan, ExecutionPlan
 from meshrl.plan.simulator import simulate
 from meshrl.plan.strategies import BUILDERS, colocated, disaggregated

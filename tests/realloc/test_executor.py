@@ -11,11 +11,11 @@ import torch.distributed as dist
 
 from meshrl.model.config import ModelConfig, param_shapes
 from meshrl.model.presets import get_preset
-from meshrl.parallel.mesh import Placement
+from meshrl.layout.mesh import Placement
 from meshrl.realloc.bench import move_and_check
 from meshrl.realloc.executor import Reallocator
-from meshrl.realloc.plan import realloc_plan
-from meshrl.realloc.shardmap import shard_map
+from meshrl.layout.realloc_plan import realloc_plan
+from meshrl.layout.shardmap import shard_map
 from meshrl.realloc.synthetic import cut_shards, synthetic
 
 TINY = get_preset("tiny")

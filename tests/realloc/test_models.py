@@ -14,13 +14,13 @@ import torch.distributed as dist
 
 from meshrl.model.generation import GenerationConfig
 from meshrl.parallel.groups import GroupCache
-from meshrl.parallel.mesh import Placement
+from meshrl.layout.mesh import Placement
 from meshrl.parallel.model import ParallelModel
 from meshrl.parallel.verify import Probe, rel_diff, token_loss
 from meshrl.realloc.executor import Reallocator
 from meshrl.realloc.models import refresh, temporary_copy
-from meshrl.realloc.plan import realloc_plan
-from meshrl.realloc.shardmap import shard_map
+from meshrl.layout.realloc_plan import realloc_plan
+from meshrl.layout.shardmap import shard_map
 
 PROBE = Probe(model="tiny", seed=3, rows=4, seq=10, gen_tokens=5)
 _PROC: dict = {}  # this process's GroupCache: groups are made once per process (see groups.py)

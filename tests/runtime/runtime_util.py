@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from meshrl.algo.graph import graph_for
-from meshrl.parallel.mesh import Layout, Mesh
+from meshrl.layout.mesh import Layout, Mesh
 from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
 from meshrl.runtime.plans import check_plan
 

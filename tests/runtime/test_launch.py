@@ -83,7 +83,7 @@ def test_hang_is_bounded():
 def _job_groups(keys: list[tuple[int, ...]], placement: str, reduce_on: tuple[int, ...]) -> float | None:
     """One 'job' as rank_main starts it: make the plan's groups, build a placement's groups, then
     all-reduce on one group (within a short deadline)."""
-    from meshrl.parallel.mesh import Placement
+    from meshrl.layout.mesh import Placement
     from meshrl.runtime.run import make_groups, process_cache
 
     cache = process_cache(20)

@@ -23,7 +23,7 @@ from meshrl.algo.trainer import train
 from meshrl.config import load_config
 from meshrl.errors import UserError
 from meshrl.observe.metrics import deterministic_part
-from meshrl.parallel.mesh import Layout, Mesh
+from meshrl.layout.mesh import Layout, Mesh
 from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
 from meshrl.runtime.launch import RankPool
 from meshrl.runtime.plans import check_plan, resolve_plan
@@ -112,8 +112,8 @@ def test_disaggregated_is_refused_for_offline_algorithms(tmp_path, capsys):
 
 def test_pair_rows_keep_each_pair_in_one_micro_batch():
     from meshrl.algo.batch import Batch
-    from meshrl.parallel.model import split_micro
-    from meshrl.runtime.calls_offline import pair_rows
+    from meshrl.model.heads import split_micro
+    from meshrl.algo.calls_offline import pair_rows
 
     b = 6
     ids = torch.arange(b)[:, None].repeat(1, 3)
@@ -138,9 +138,9 @@ def test_pair_calls_are_invariant_to_micro_batches(algo):
     from meshrl.algo.common import CallContext
     from meshrl.algo.trainer import dataset, iteration_batch
     from meshrl.model import build_model
-    from meshrl.runtime.calls import Place
-    from meshrl.runtime.calls_offline import OFFLINE_CALLS, ref_pair_rows
-    from meshrl.runtime.handles import LocalHandle
+    from meshrl.algo.calls import Place
+    from meshrl.algo.calls_offline import OFFLINE_CALLS, ref_pair_rows
+    from meshrl.algo.handles import LocalHandle
 
     cfg = load_config(None, [f"algo={algo}", "data.batch_size=6"])
     tok = setup.tokenizer_for(cfg)

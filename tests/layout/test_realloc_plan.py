@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from meshrl.model.config import ModelConfig, num_params
 from meshrl.model.presets import get_preset
-from meshrl.parallel.mesh import Layout, Mesh, Placement
-from meshrl.realloc.plan import link_bytes, realloc_plan
+from meshrl.layout.mesh import Layout, Mesh, Placement
+from meshrl.layout.realloc_plan import link_bytes, realloc_plan
 from meshrl.realloc.schedule import chop, link_buckets
-from meshrl.realloc.shardmap import check_shardable, intersect, shard_map, slice_numel
+from meshrl.layout.shardmap import check_shardable, intersect, shard_map, slice_numel
 
 WORLD = 16
 

@@ -2,7 +2,7 @@
 
 ``ParallelModel`` (meshrl/parallel/model.py) is the multi-rank handle; ``LocalHandle`` gives a
 plain ``CausalLM``/``ValueModel`` and its optimizer the same methods, so one implementation of each
-call (meshrl/runtime/calls.py) runs on one process or on any layout. Outputs follow the
+call (meshrl/algo/calls.py) runs on one process or on any layout. Outputs follow the
 ParallelModel contract: a forward's result is the rank's rows, or None on ranks that are not the
 last pipeline stage.
 """
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..model.generation import GenerationConfig, GenerationOutput, generate
-from ..parallel.model import HeadOutputs, split_micro
+from ..model.heads import HeadOutputs, split_micro
 
 LossFn = Callable[[HeadOutputs, Mapping[str, torch.Tensor]], torch.Tensor]
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from meshrl.model.config import ModelConfig
 from meshrl.model.presets import get_preset
-from meshrl.parallel.mesh import Layout, LayoutError, Mesh, Placement
-from meshrl.realloc.shardmap import intersect, shard_map, slice_numel
+from meshrl.layout.mesh import Layout, LayoutError, Mesh, Placement
+from meshrl.layout.shardmap import intersect, shard_map, slice_numel
 
 
 def _cfg(layers=4, heads=8, kv=2, tied=False, bias=False):

@@ -8,7 +8,7 @@ import copy
 import torch
 
 from meshrl.model import build_model
-from meshrl.runtime.handles import LocalHandle
+from meshrl.algo.handles import LocalHandle
 
 
 def _padded_batch() -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..model.config import ModelConfig
-from ..parallel.mesh import Placement
+from .mesh import Placement
 from .shardmap import ShardMap, Slice, intersect, shard_map, slice_numel
 
 
