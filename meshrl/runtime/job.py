@@ -28,7 +28,8 @@ def plan_table(plan: ExecutionPlan, off_policy: int = 0) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    head = f"plan: {plan.strategy} on {plan.cluster.size} rank{"s" if plan.cluster.size > 1 else ""} ({plan.cluster.device})" + \
+    n = plan.cluster.size
+    head = f"plan: {plan.strategy} on {n} rank{'s' if n > 1 else ''} ({plan.cluster.device})" + \
         (", generation one step off-policy (train.off_policy=1)" if off_policy else "")
     return head + "\n" + "\n".join(lines)
 
