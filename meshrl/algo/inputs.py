@@ -59,6 +59,11 @@ def check_inputs(cfg: Config) -> None:
         get_rule(cfg.reward.rule)
     with naming_lines(cfg.data.path):
         dataset(cfg, tok)  # the records the iterations draw from, encoded as training will
+    if cfg.eval.path is not None:
+        from .evaluate import eval_batch
+
+        with naming_lines(cfg.eval.path):
+            eval_batch(cfg, tok)  # the held-out prompts, encoded as evaluation will
     source, _ = warmup_plan(cfg)
     if source is not None and source != "demo":
         with naming_lines(source):
