@@ -17,8 +17,12 @@ import torch
 
 def main() -> None:
     ckpt, data, iters, threads, compile_ = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    from meshrl.algo.trainer import train
+    import contextlib
+    import io
+
     from meshrl.config import load_config
+    from meshrl.runtime.job import in_process
+    from meshrl.runtime.plans import resolve_plan
 
     torch.set_num_threads(threads)
     cfg = load_config(None, [
@@ -29,12 +33,16 @@ def main() -> None:
     cpu: list[float] = []
     clock = [time.process_time()]
 
-    def log(_line: str) -> None:  # the trainer logs one line per iteration, at its end
-        now = time.process_time()
-        cpu.append(now - clock[0])
-        clock[0] = now
+    class Lines(io.StringIO):  # the run prints one line per iteration ("it   N | ..."), at its end
+        def write(self, text: str) -> int:
+            if text.startswith("it "):
+                now = time.process_time()
+                cpu.append(now - clock[0])
+                clock[0] = now
+            return len(text)
 
-    metrics = train(cfg, None, log=log, progress=False, tensorboard=False).metrics
+    with contextlib.redirect_stdout(Lines()):  # `meshrl train`'s one rank, in this process
+        metrics = in_process(cfg, resolve_plan(cfg, "colocated", 1)[0], None, quiet=False)
     calls = sorted(k for k in metrics[0] if k.startswith("time/call/"))
     print(json.dumps({"seconds": [m["time/iteration"] for m in metrics], "cpu": cpu[-len(metrics):],
                       "calls": {k[10:]: statistics.median(m[k] for m in metrics[2:] or metrics) for k in calls}}))

@@ -104,22 +104,34 @@ def run(args: argparse.Namespace) -> int:
     if is_demo:  # the demo's sizes for this algorithm, then the user's overrides on top
         cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
     out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
-    check_out(out, args.resume, args.overwrite)
+    rank0 = _rank0()  # under torchrun only global rank 0 looks at and writes OUT (the others would race it)
+    if rank0:
+        check_out(out, args.resume, args.overwrite)
     if args.resume:
         check_resume_config(out, cfg)
     if args.nprocs is not None and args.nprocs < 1:
         raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")
     check_inputs(cfg)  # every model, dataset and rule now, before any warm-up or rank starts
     check_plan_spec(cfg, args.plan, args.nprocs or 1)
-    if args.overwrite:
-        clear_run(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump_yaml(cfg))
+    if rank0:
+        if args.overwrite:
+            clear_run(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(dump_yaml(cfg))
 
     note = warmup_plan(cfg)[1]
     if note:
         print(f"note: {note}")
     return run_job(cfg, args, out, is_demo)
+
+
+def _rank0() -> bool:
+    """Whether this process is the job's console and OUT writer: always, except under torchrun."""
+    import os
+
+    from ..runtime.job import under_torchrun
+
+    return not under_torchrun() or os.environ.get("RANK") == "0"
 
 
 def check_plan_spec(cfg, spec: str | None, world: int) -> None:
@@ -149,7 +161,7 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
     from ..runtime.job import launch, under_torchrun
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.nprocs or 1)
-    rank0 = not under_torchrun() or os.environ.get("RANK") == "0"
+    rank0 = _rank0()
     if rank0:
         demo = " (built-in demo: single-digit addition, tiny model)" if is_demo else ""
         print(f"meshrl train: algo={cfg.algo}{demo} on {world} rank{'s' if world > 1 else ''}")

@@ -28,7 +28,8 @@ def plan_table(plan: ExecutionPlan, off_policy: int = 0) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    head = f"plan: {plan.strategy} on {plan.cluster.size} ranks ({plan.cluster.device})" + \
+    n = plan.cluster.size
+    head = f"plan: {plan.strategy} on {n} rank{'s' if n > 1 else ''} ({plan.cluster.device})" + \
         (", generation one step off-policy (train.off_policy=1)" if off_policy else "")
     return head + "\n" + "\n".join(lines)
 
@@ -72,7 +73,7 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
                             f"(e.g. train.iterations={start + 2}) to train on")
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(plan.to_json())
-    if not quiet:
+    if not quiet and (world > 1 or plan_spec != "colocated"):  # one rank by default: nothing to choose
         print(plan_table(plan, cfg.train.off_policy) + (f"\n{note}" if note else ""))
         if start:
             print(f"resuming from {latest_checkpoint(out)} at iteration {start}")

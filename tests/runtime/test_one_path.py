@@ -22,7 +22,7 @@ def test_one_rank_writes_everything_resumes_and_equals_two_ranks(tmp_path, capsy
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(["train", *ITEMS, "train.iterations=4", "--out", str(one), "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "on 1 rank" in printed and "plan: colocated on 1 ranks" in printed
+    assert "on 1 rank" in printed and "plan:" not in printed  # the demo's console: one rank, nothing to choose
     assert json.loads((one / "plan.json").read_text())["calls"]["actor_train"]["mesh"] == "0"
     assert json.loads((one / "trace.json").read_text())["traceEvents"]
     assert (one / "ckpt-000003" / "meta.json").is_file()
@@ -30,12 +30,13 @@ def test_one_rank_writes_everything_resumes_and_equals_two_ranks(tmp_path, capsy
     assert (one / "actor" / "model.safetensors").is_file()
     assert not list(one.glob("ckpt-00000[0-2]"))  # older checkpoints are replaced
 
-    assert main(["train", "--resume", "train.iterations=6", "--out", str(one), "--no-progress"]) == 0
+    # the same command + --resume, with more iterations
+    assert main(["train", *ITEMS, "train.iterations=6", "--out", str(one), "--no-progress", "--resume"]) == 0
     printed = capsys.readouterr().out
     assert "resuming from" in printed and "it   4" in printed and "it   0" not in printed
     assert (one / "ckpt-000005" / "meta.json").is_file()
     assert len(list((one / "tensorboard").glob("events.out.tfevents.*"))) == 2
-    assert main(["train", "--resume", "--out", str(one), "--no-progress"]) == 2  # nothing left to do
+    assert main(["train", *ITEMS, "train.iterations=6", "--out", str(one), "--resume"]) == 2  # nothing to do
     assert "raise train.iterations" in capsys.readouterr().err
 
     assert main(["train", *ITEMS, "train.iterations=6", "--nprocs", "2", "--plan", "colocated",
@@ -55,8 +56,8 @@ def test_one_rank_writes_everything_resumes_and_equals_two_ranks(tmp_path, capsy
 @pytest.mark.parametrize("argv, message", [
     (["--nprocs", "0"], "--nprocs must be >= 1"),
     (["--nprocs", "-2"], "--nprocs must be >= 1"),
-    (["--plan", " "], "--plan needs a strategy"),
-    (["--resume"], "no checkpoint"),
+    (["--plan", " "], "unknown strategy"),
+    (["--plan", "x.json"], "plan file not found"),
 ])
 def test_bad_launch_input_is_refused_before_anything_runs(tmp_path, capsys, argv, message):
     out = tmp_path / "o"

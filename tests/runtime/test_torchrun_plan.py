@@ -1,7 +1,8 @@
 """Under torchrun, rank 0 alone resolves the plan once the process group exists and broadcasts it.
 
 The two torchrun ranks are made to disagree: on rank 1 the plan search is replaced by one that
-returns the interleaved strategy's plan, a different valid plan. Had every rank resolved --plan
+returns another valid plan than the real search (the first strategy's plan that differs from it).
+Had every rank resolved --plan
 search itself (as before), the ranks would run different step orders and the job would hang or
 fail; instead rank 1 never searches (its search raises if called), the job ends, and plan.json is
 rank 0's search result."""
@@ -22,9 +23,14 @@ import os, sys
 if os.environ["RANK"] != "0":
     import meshrl.plan.search as s
 
+    real_search = s.search
+
     def diverging(problem, *a, **k):
         from meshrl.plan.strategies import build
-        open(os.environ["DIVERGE_MARK"], "w").write(build(problem, "interleaved").to_json())
+        real = real_search(problem, *a, **k).plan
+        other = next(p for p in (build(problem, n) for n in ("colocated", "interleaved", "heuristic"))
+                     if p.calls != real.calls)
+        open(os.environ["DIVERGE_MARK"], "w").write(other.to_json())
         raise SystemExit("rank 1 searched: the plan was not rank 0's alone")
 
     s.search = diverging
@@ -55,11 +61,11 @@ def test_every_rank_runs_rank_0s_plan(tmp_path):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["strategy"] == "search"
     assert [r["iteration"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [0, 1]
-    # the diverging search would have chosen another plan: the broadcast is what kept them equal
+    # rank 1's search would have chosen another plan: the broadcast is what kept them equal
     from meshrl.config import load_config
     from meshrl.plan.strategies import build
     from meshrl.runtime.plans import _problem, run_cluster
 
     cfg = load_config(None, ITEMS)
-    other = build(_problem(cfg, run_cluster(cfg, 2))[0], "interleaved")
-    assert other.to_dict()["calls"] != plan["calls"]
+    problem = _problem(cfg, run_cluster(cfg, 2))[0]
+    assert any(build(problem, n).to_dict()["calls"] != plan["calls"] for n in ("colocated", "interleaved"))
