@@ -127,14 +127,14 @@ def pick_token(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.Tens
     return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
 
 
-_COMPILED: dict[str, Callable] = {}
-
-
-def compiled(name: str, fn: Callable) -> Callable:
-    """``torch.compile(fn)``, made once per process (graphs are then cached per shape and model)."""
-    if name not in _COMPILED:
-        _COMPILED[name] = torch.compile(fn)  # static shapes first; a second shape makes batch dynamic
-    return _COMPILED[name]
+def compiled(name: str, fn: Callable, owner: torch.nn.Module) -> Callable:
+    """``torch.compile(fn)`` for one model (``owner``), made once and kept on it: each model has its
+    own graphs and its own recompile budget (static shapes first; a second batch size or cache
+    length makes those dimensions dynamic)."""
+    cache = owner.__dict__.setdefault("_meshrl_compiled", {})
+    if name not in cache:
+        cache[name] = torch.compile(fn)
+    return cache[name]
 
 
 def seed_keys(seeds: list[int] | None, n: int, device: torch.device) -> torch.Tensor:
@@ -212,8 +212,8 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     keys = None if cfg.greedy else seed_keys(seeds, len(prompts), device)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, device)
     caches = make_caches(model, len(prompts), ids.shape[1] + cfg.max_new_tokens)
-    step_fn = compiled("decode_one", decode_one) if cfg.use_compile else decode_one
-    pick_fn = compiled("pick_token", pick_token) if cfg.use_compile else pick_token
+    step_fn = compiled("decode_one", decode_one, model) if cfg.use_compile else decode_one
+    pick_fn = compiled("pick_token", pick_token, model) if cfg.use_compile else pick_token
 
     def prefill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # Only the last position goes through the LM head (the others' logits are never used).

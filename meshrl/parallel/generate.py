@@ -67,7 +67,7 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
 
     # The stage's layers are compiled where they hold no collective (tp = 1); sends, receives and
     # tensor-parallel all-reduces stay eager.
-    fwd = compiled("stage_forward", _stage_forward) if cfg.use_compile and tp.size == 1 else _stage_forward
+    fwd = compiled("stage_forward", _stage_forward, stage) if cfg.use_compile and tp.size == 1 else _stage_forward
     out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0),
                       lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd),
                       pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg,
