@@ -39,6 +39,10 @@ class ModelsConfig:
 class DataConfig:
     prompt_len: int = 16  # maximum prompt tokens
     gen_len: int = 16  # maximum generated tokens per response
+    # Planner only: expected response length, and expected longest response of a generation batch
+    # (None: every response runs to gen_len); `meshrl plan --lengths-from OUT/` reads both from a run.
+    gen_len_mean: float | None = None
+    gen_len_longest: float | None = None
     batch_size: int = 32  # prompts per iteration (sft: sequences per step; rm/dpo: pairs per step)
     samples_per_prompt: int = 1  # responses sampled per prompt; grpo/rloo need >= 2, and 1 means 4 there
     path: str | None = None  # JSONL dataset; None = the built-in demo task
@@ -60,6 +64,8 @@ class TrainConfig:
     seed: int = 1
     threads: int = 1  # torch CPU threads; the tiny demo model gains nothing from more, and extra
     # threads collapse when other processes share the cores
+    off_policy: int = 0  # 1: generation of iteration t+1 runs while iteration t trains, from weights one
+    # update old (one step off-policy; a disaggregated plan then overlaps generation and training)
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or
     # reallocation may wait for another rank; a hanging rank ends the job after about this long
 
@@ -107,6 +113,8 @@ class GenConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    compile: bool = False  # decode steps through torch.compile: same tokens, faster steps after a
+    # one-off compile of about a minute on a CPU (docs/model.md has the measurements)
 
 
 @dataclass
@@ -184,6 +192,13 @@ class Config:
                          ("data.samples_per_prompt", self.data.samples_per_prompt)):
             if val < 1:
                 raise UserError(f"{key} must be >= 1, got {val}")
+        for key in ("gen_len_mean", "gen_len_longest"):
+            val = getattr(self.data, key)
+            if val is not None and not 1 <= val <= self.data.gen_len:
+                raise UserError(f"data.{key}={val} must be between 1 and data.gen_len={self.data.gen_len}")
+        from .config_checks import check_ranges
+
+        check_ranges(self)  # every other key's range (meshrl/config_checks.py)
 
 
 def _field_types(cls) -> dict[str, object]:

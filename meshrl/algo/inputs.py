@@ -42,13 +42,15 @@ def check_inputs(cfg: Config) -> None:
     if cfg.algo == "sft" and cfg.sft.path:
         raise UserError("sft.path is the SFT warm-up's data for the other algorithms; algo=sft trains on "
                         "data.path")
+    for key in ("data.path", "sft.path"):
+        check_file(key, getattr(cfg, key.split(".")[0]).path)
     roles = set(graph_for(cfg.algo, cfg.data.samples_per_prompt).roles()) | {"actor"}
     for role in ("actor", "ref", "critic", "reward"):
         spec = getattr(cfg.models, role)
         if spec.path and role in roles:
             check_checkpoint(spec.path, f"models.{role}.path", value_head=role in ("critic", "reward"))
     from . import setup
-    from .trainer import dataset
+    from .iteration import dataset
 
     tok = setup.tokenizer_for(cfg)
     if cfg.models.reward.path is None and cfg.algo not in ("sft", "rm", "dpo"):
@@ -57,6 +59,11 @@ def check_inputs(cfg: Config) -> None:
         get_rule(cfg.reward.rule)
     with naming_lines(cfg.data.path):
         dataset(cfg, tok)  # the records the iterations draw from, encoded as training will
+    if cfg.eval.path is not None:
+        from .evaluate import eval_batch
+
+        with naming_lines(cfg.eval.path):
+            eval_batch(cfg, tok)  # the held-out prompts, encoded as evaluation will
     source, _ = warmup_plan(cfg)
     if source is not None and source != "demo":
         with naming_lines(source):
@@ -75,6 +82,22 @@ def naming_lines(path: str | None):
             raise
         lines = [n for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
         raise UserError(f"{path}:{lines[int(m.group(2))]}: {m.group(3)}") from None
+
+
+def check_file(key: str, path: str | None) -> None:
+    """A data file the run will read: it exists, is a file, and can be read."""
+    if path is None:
+        return
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{key}: no file at {path}")
+    if not p.is_file():
+        raise UserError(f"{key}: {path} is not a file")
+    try:
+        with p.open("rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise UserError(f"{key}: cannot read {path} ({e.strerror})") from None
 
 
 def check_checkpoint(path: str, key: str, value_head: bool) -> None:

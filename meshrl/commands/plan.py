@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from ..errors import UserError
@@ -38,10 +39,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="optional wall-clock cap on the search (then the plan can depend on the machine's speed)")
     p.add_argument("--seed", type=int, default=0, help="search random seed (default 0)")
-    p.add_argument("--async", dest="async_gen", type=int, choices=(0, 1), default=None,
-                   help="1: generation runs one iteration ahead of training (one step off-policy)")
     p.add_argument("--profile", metavar="FILE", help="measured profile for cluster.device=cpu "
                    "(default $MESHRL_PROFILE or ~/.cache/meshrl/profile-cpu.json)")
+    p.add_argument("--calibrate", metavar="OUT/", help="refit each call's cost from the run in OUT/ (its "
+                   "config.yaml, plan.json, metrics.jsonl), print predicted against measured per call, re-plan")
+    p.add_argument("--lengths-from", metavar="OUT/", help="price responses at the lengths an earlier run "
+                   "measured (its metrics.jsonl: response/length, response/length_max) instead of data.gen_len")
     p.add_argument("--save", metavar="FILE.json", help="write the chosen plan here (meshrl train --plan FILE)")
     p.add_argument("--validate", action="store_true", help="run the chosen plan on this machine's CPU ranks "
                    "(cluster.device=cpu) and print predicted against measured time per call and iteration")
@@ -67,14 +70,29 @@ def run(args: argparse.Namespace) -> int:
     if names[0] not in NAMES:
         raise UserError(f"unknown strategy {args.strategy!r}; known: {', '.join(NAMES)}, all")
     config, overrides = split_items(args.items)
+    if args.calibrate:
+        if config:
+            raise UserError(f"--calibrate reads the run's own config ({args.calibrate}/config.yaml); "
+                            f"drop {config} (key=value overrides are allowed)")
+        return calibrate(args, names, overrides, steps)
     cfg = load_config(config, overrides)
     if args.validate:
         check_validate(cfg, args)
+    if args.lengths_from:
+        from ..plan.lengths import apply_lengths
+
+        mean, longest = apply_lengths(cfg, args.lengths_from)
+        if not args.json:
+            print(f"response lengths from {args.lengths_from}: mean {mean:.1f}, longest of a batch "
+                  f"{'not recorded (taken as data.gen_len)' if longest is None else f'{longest:.1f}'} "
+                  f"(data.gen_len = {cfg.data.gen_len})")
     # --validate compares with this machine, so it needs its measured profile; otherwise the
     # planner's one fallback for a CPU without one (meshrl/plan/fallback.py, as `train --nprocs`)
     pcfg, note = (cfg, "") if args.validate else planning_config(cfg, args.profile)
-    problem = problem_from_config(pcfg, args.profile, args.async_gen)
+    problem = problem_from_config(pcfg, args.profile)
+    cpu0 = time.process_time()
     results, search_s = compare(problem, names, steps, args.seed, args.time_limit)
+    cpu_s = time.process_time() - cpu0  # the planning's own cost; the wall time grows with the load
     chosen = "search" if "search" in results else names[0]
     res = results[chosen]
     for path in (args.trace, args.gantt, args.save):
@@ -95,27 +113,56 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr if args.json else sys.stdout)
     if not args.items and not args.json:
         print(BARE_HINT)
+    flipped = off_policy_times(problem, results)
     if args.json:
-        print(json.dumps({"strategies": {n: r.to_dict() for n, r in results.items()}, "search_s": search_s}))
+        print(json.dumps({"strategies": {n: r.to_dict() for n, r in results.items()}, "search_s": search_s,
+                          "off_policy": {"train.off_policy": problem.off_policy,
+                                         "iteration_s_with_the_other": flipped}}))
         return 0
     c = problem.cluster
     print(f"{cfg.algo} on {c.nodes} x {c.devices_per_node} {problem.hw.name} "
           f"({problem.hw.mem_bytes / 2**30:.0f} GiB each); {problem.shape.batch_size} prompts x "
           f"{problem.shape.samples_per_prompt} samples, {problem.shape.prompt_len} + {problem.shape.gen_len} tokens"
-          f"{'; async generation' if problem.async_gen else ''}")
+          f"{'; generation one step off-policy (train.off_policy=1)' if problem.off_policy else ''}")
     print(f"\nplan: {chosen}")
     print(plan_table(problem, res.plan))
     print()
     print(comparison_table(results))
     if search_s:
-        print(f"(search: {search_s:.1f} s)")
+        print(f"(search: {steps} steps, seed {args.seed}: {search_s:.1f} s; planning took {cpu_s:.1f} s of CPU time)")
     print()
     print(explain(problem, results, chosen))
+    print(off_policy_line(problem, results, chosen, flipped))
     for line in wrote:
         print(line)
     if args.validate:
         return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks)
     return 0
+
+
+def off_policy_times(problem, results: dict) -> dict[str, float]:
+    """Each strategy's plan priced with train.off_policy flipped (what allowing, or forbidding, one
+    step off-policy generation changes for this cluster; the plans are kept as they are)."""
+    from dataclasses import replace
+
+    from ..plan.simulator import iteration_time
+
+    other = replace(problem, off_policy=1 - problem.off_policy)
+    return {n: iteration_time(other, r.plan) for n, r in results.items() if r.feasible}
+
+
+def off_policy_line(problem, results: dict, chosen: str, flipped: dict[str, float]) -> str:
+    """One line: what train.off_policy=1 would save (or what it saves now) with the chosen plan and
+    with the best plan under each setting."""
+    if chosen not in flipped:
+        return "train.off_policy: the chosen plan does not fit, nothing to compare"
+    now = {n: r.timeline.iteration_s for n, r in results.items() if r.feasible}
+    on, off = (now, flipped) if problem.off_policy else (flipped, now)
+    best_on, best_off = min(on, key=on.get), min(off, key=off.get)
+    saved = 1 - on[best_on] / off[best_off] if off[best_off] > 0 else 0.0
+    return (f"train.off_policy=1 (generation one step off-policy: the config's choice, it changes results) "
+            f"{'saves' if problem.off_policy else 'would save'} {saved:.0%} of an iteration: best plan "
+            f"{best_on} {on[best_on]:.3g} s against {best_off} {off[best_off]:.3g} s on-policy")
 
 
 def check_validate(cfg, args: argparse.Namespace) -> None:
@@ -155,3 +202,49 @@ def validate(cfg, problem, plan, iterations: int, max_ranks: int) -> int:
     if rule_calls(cfg, plan):
         print(f"({', '.join(rule_calls(cfg, plan))}: a rule reward, no model; the estimator prices a model there)")
     return 0
+
+
+def calibrate(args: argparse.Namespace, names: list[str], overrides: list[str], steps: int) -> int:
+    """--calibrate OUT/: the run's plan priced before and after refitting each call's cost from the
+    run's measurements, then the strategies and the search under the refitted costs."""
+    from ..config import load_config
+    from ..plan.calibrate import read_run, refit, scales_table
+    from ..plan.problem import problem_from_config
+    from ..plan.report import comparison_table, compare, plan_table
+    from ..plan.validate import table
+    from ..runtime.validate import rule_calls
+
+    cfg_path, run_plan, records = read_run(args.calibrate)
+    cfg = load_config(str(cfg_path), overrides)
+    c = run_plan.cluster  # the plan knows the cluster the run had (a --nprocs run's config may not)
+    cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device = c.nodes, c.devices_per_node, c.device
+    if args.lengths_from:
+        from ..plan.lengths import apply_lengths
+
+        apply_lengths(cfg, args.lengths_from)
+    problem = problem_from_config(cfg, args.profile)  # the run's own train.off_policy
+    unmodelled = rule_calls(cfg, run_plan)
+    fit = refit(problem, run_plan, records, unmodelled)
+    before = fit.rows[-1].predicted
+    print(f"run in {args.calibrate}: {len(records)} iterations of plan '{run_plan.strategy}' on {c.size} "
+          f"{c.device} ranks; predicted (before the refit) against measured, medians after iteration 0:")
+    print(table(fit.rows))
+    print("\nrefitted cost per call (measured / predicted), applied to every layout the search tries:")
+    print(scales_table(fit.scales))
+    results, search_s = compare(fit.problem, names, steps, args.seed, args.time_limit)
+    chosen = "search" if "search" in results else names[0]
+    res = results[chosen]
+    now = fit.run_plan_s(run_plan)
+    print(f"\nthe run's plan under the refitted costs: {now:.4f} s per iteration (predicted before: {before:.4f}, "
+          f"measured: {fit.rows[-1].measured:.4f})")
+    print(f"\nre-planned ({chosen}):")
+    print(plan_table(fit.problem, res.plan))
+    print()
+    print(comparison_table(results))
+    gain = now / res.iteration_s if res.iteration_s > 0 else float("nan")
+    print(f"\n{chosen}: {res.iteration_s:.4f} s per iteration against {now:.4f} s for the run's plan "
+          f"(gain {gain:.2f}x, refitted costs)")
+    if args.save:
+        Path(args.save).write_text(res.plan.to_json())
+    return 0
+

@@ -41,8 +41,8 @@ def test_bad_inputs_are_named_before_the_warm_up(tmp_path, capsys, prompts):
     (empty_dir / "config.json").write_text("{}")
     assert "models.actor.path" in refused(capsys, out, f"models.actor.path={empty_dir}")
     assert "reward rule 'nope'" in refused(capsys, out, "reward.rule=nope")
-    assert "--plan" in refused(capsys, out, "--plan", str(tmp_path / "missing.json"), "--nprocs", "2")
-    assert "--plan 'fastest' is neither a strategy" in refused(capsys, out, "--plan", "fastest")
+    assert "plan file not found" in refused(capsys, out, "--plan", str(tmp_path / "missing.json"), "--nprocs", "2")
+    assert "--plan: unknown strategy 'fastest'" in refused(capsys, out, "--plan", "fastest")
     assert "--nprocs must be >= 1" in refused(capsys, out, "--nprocs", "0")
 
 
