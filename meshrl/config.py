@@ -216,7 +216,9 @@ def _coerce(value: object, tp: object, key: str) -> object:
                 if value.lower() in ("0", "false", "no", "off"):
                     return False
                 raise ValueError(value)
-            return bool(value)
+            if value in (0, 1):  # YAML's 0 and 1; any other number is not a truth value
+                return bool(value)
+            raise ValueError(value)
         if typing.get_origin(tp) is list:
             items = [] if value is None else value if isinstance(value, list) else [value]
             (item_tp,) = typing.get_args(tp)
