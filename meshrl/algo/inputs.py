@@ -89,10 +89,11 @@ def check_file(key: str, path: str | None) -> None:
     if not p.is_file():
         raise UserError(f"{key}: {path} is not a file")
     try:
-        with p.open("rb") as f:
-            f.read(1)
+        p.read_text(encoding="utf-8")
     except OSError as e:
         raise UserError(f"{key}: cannot read {path} ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{key}: {path} is not UTF-8 text (byte {e.start})") from None
 
 
 def check_checkpoint(path: str, key: str, value_head: bool) -> None:

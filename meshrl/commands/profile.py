@@ -26,7 +26,11 @@ def run(args: argparse.Namespace) -> int:
     from ..plan.hardware import from_profile, profile_path
     from ..runtime.profile import profile
 
+    if not args.timeout > 0:
+        raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
     path = profile_path(args.out)
+    if path.is_dir():
+        raise UserError(f"--out {path} is a directory; give the profile file's path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -119,7 +119,7 @@ FILES = ["/no/such/file", "a_dir", "binary.jsonl"]
      "--bucket-mb"),
     (["bench", "realloc", "--model", "tiny", "--from", "dp1tp1pp1@0", "--to", "dp1tp1pp1@1", "--timeout", "-1"],
      "--timeout"),
-    (["profile", "--timeout", "0"], "--timeout"), (["profile", "--out", "no_dir/p.json"], "no_dir"),
+    (["profile", "--timeout", "0"], "--timeout"), (["profile", "--out", "a_dir"], "a_dir"),
 ])
 def test_every_flag_with_a_bad_value(capsys, root, argv, culprit):
     refuse(capsys, argv, culprit, root)
