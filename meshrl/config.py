@@ -64,6 +64,8 @@ class TrainConfig:
     seed: int = 1
     threads: int = 1  # torch CPU threads; the tiny demo model gains nothing from more, and extra
     # threads collapse when other processes share the cores
+    off_policy: int = 0  # 1: generation of iteration t+1 runs while iteration t trains, from weights one
+    # update old (one step off-policy; a disaggregated plan then overlaps generation and training)
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or
     # reallocation may wait for another rank; a hanging rank ends the job after about this long
 
@@ -100,6 +102,7 @@ class PPOConfig:
     kl_mode: str = "auto"  # reward (penalty in the reward) | loss (KL loss term) | auto: loss for grpo
     kl_estimator: str = "auto"  # k1 | k2 | k3 | abs | auto: k1 in the reward, k3 as a loss
     entropy_coef: float = 0.0
+    moe_aux_coef: float = 0.0  # MoE actors: router load-balancing loss, mean over rows and MoE layers (model/moe.py)
     whiten_advantages: bool = True  # PPO: whiten GAE advantages over the mini-batch
     normalize_rewards: bool = False  # PPO/ReMax: whiten sequence scores over the iteration's batch
     grpo_std: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO style)
@@ -110,6 +113,8 @@ class GenConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    compile: bool = False  # decode steps through torch.compile: same tokens, faster steps after a
+    # one-off compile of about a minute on a CPU (docs/model.md has the measurements)
 
 
 @dataclass

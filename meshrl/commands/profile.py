@@ -28,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.timeout > 0:
         raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.out is not None and not args.out.strip():
+        raise UserError("--out needs a file name")
     path = profile_path(args.out)
     if path.is_dir():
         raise UserError(f"--out {path} is a directory; give the profile file's path")

@@ -33,7 +33,7 @@ class Problem:
     shape: RunShape
     hw: Hardware
     cluster: Cluster
-    async_gen: int = 0
+    off_policy: int = 0  # the config's train.off_policy: generation one iteration ahead
     optimistic: bool = False  # unknown reallocation times read as 0 (see realloc_time)
     # Measured over predicted seconds per call, refitted from a run (meshrl plan --calibrate,
     # plan/calibrate.py): every candidate of the call is priced at its estimate times this.
@@ -180,10 +180,9 @@ def model_for(spec, role: str) -> ModelConfig:
     return get_preset(spec.preset)
 
 
-def problem_from_config(cfg, profile: str | None = None, async_gen: int | None = None) -> Problem:
-    """The planning problem of a run config (meshrl.config.Config). ``async_gen``: 1 lets generation
-    run one iteration ahead (one step off-policy); default: the config's ``plan.async_gen`` if it
-    has one, else 0."""
+def problem_from_config(cfg, profile: str | None = None, off_policy: int | None = None) -> Problem:
+    """The planning problem of a run config (meshrl.config.Config). ``off_policy``: 1 lets generation
+    run one iteration ahead (one step off-policy); default: the config's ``train.off_policy``."""
     from ..algo.graph import graph_for
     from .hardware import get_hardware
 
@@ -191,8 +190,7 @@ def problem_from_config(cfg, profile: str | None = None, async_gen: int | None =
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}
     cluster = Cluster(cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device)
     hw = get_hardware(cfg.cluster.device, cfg.cluster.devices_per_node, profile)
-    if async_gen is None:
-        async_gen = int(getattr(getattr(cfg, "plan", None), "async_gen", 0))
-    if async_gen not in (0, 1):
-        raise UserError(f"async must be 0 or 1, got {async_gen}")
-    return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, async_gen)
+    off_policy = cfg.train.off_policy if off_policy is None else off_policy
+    if off_policy not in (0, 1):
+        raise UserError(f"train.off_policy must be 0 or 1, got {off_policy}")
+    return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, off_policy)

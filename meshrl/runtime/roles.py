@@ -7,7 +7,7 @@ generation copy on devices the home does not use, as in the disaggregated strate
 With the plan's ``offload_frozen``, a frozen role's parameters wait in host memory between uses.
 
 Initial weights are made once on rank 0 (the preset's seeded init and the demo's SFT warm-up, as
-the single-process trainer does) and broadcast, so every plan starts from bit-identical weights.
+the one-process warm-up, meshrl/algo/warmup.py) and broadcast, so every plan starts from bit-identical weights.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..plan.execution_plan import ExecutionPlan
 from ..realloc.executor import Reallocator
 from ..layout.realloc_plan import realloc_plan
 from ..layout.shardmap import shard_map
-from .schedule import home_calls
+from ..plan.steps import home_calls
 
 VALUE_ROLES = ("critic", "reward")
 
@@ -51,7 +51,7 @@ def initial_states(cfg: Config, tok, log, warm: bool = True
     torch.manual_seed(cfg.train.seed)
     actor = setup.load_policy(cfg, cfg.train.seed)
     if warm and dist.get_rank() == 0 and setup.warms_up(cfg):
-        from ..algo.trainer import warmup_sft
+        from ..algo.warmup import warmup_sft
 
         warmup_sft(actor, cfg, tok, log, progress=False)
     broadcast_state(dict(actor.state_dict()))  # in place: the dict's tensors are the parameters
@@ -65,7 +65,7 @@ def initial_states(cfg: Config, tok, log, warm: bool = True
 
 
 def adamw_for(cfg: Config, role: str) -> AdamWConfig:
-    """The single-process trainer's optimizer settings for a trained role (meshrl/algo/setup.py)."""
+    """The optimizer settings of a trained role (meshrl/algo/setup.py)."""
     lr, scales = setup.role_lr(cfg, role)
     return AdamWConfig(lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=cfg.optim.weight_decay,
                        max_grad_norm=cfg.optim.grad_clip, lr_scales=scales)
