@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise UserError("--out needs a file name")
     path = profile_path(args.out)
+    if path.is_dir():
+        raise UserError(f"--out {path} is a directory; give the profile file's path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
