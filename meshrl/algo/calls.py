@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from .advantages import last_token_index
 from .batch import Batch
@@ -43,6 +42,7 @@ from .rewards import get_rule
 from .rollout import decode_responses, generation_config, pack_generation
 from ..model.heads import HeadOutputs
 from .handles import ModelHandle
+from ..parallel import comm
 
 
 @dataclass
@@ -107,9 +107,8 @@ def reduce_stats(stats: StatSum, place: Place) -> dict[str, float]:
     """Sum the replicas' stats (each already divided by the whole mini-batch's count)."""
     names = sorted(stats.sums)
     if place.dp_group is not None and names:
-        t = torch.tensor([stats.sums[n] for n in names], dtype=torch.float64)
-        dist.all_reduce(t, group=place.dp_group)
-        return dict(zip(names, t.tolist(), strict=True))
+        sums = comm.reduce_floats([stats.sums[n] for n in names], place.dp_group)  # float64: control plane
+        return dict(zip(names, sums, strict=True))
     return dict(stats.sums)
 
 

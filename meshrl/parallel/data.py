@@ -19,10 +19,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..layout.shardmap import ShardMap
+from . import comm
 from .groups import Axis, RankGroups
 
 
@@ -41,7 +41,7 @@ def all_reduce_grads(params: list[nn.Parameter], axis: Axis, bucket_bytes: int =
         size += p.grad.numel() * p.grad.element_size()
         if size >= bucket_bytes or i == len(params) - 1:
             flat = torch.cat([g.reshape(-1) for g in bucket])
-            dist.all_reduce(flat, group=axis.group)
+            comm.all_reduce(flat, axis.group)
             offset = 0
             for g in bucket:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
@@ -69,9 +69,10 @@ def clip_grad_norm(named: dict[str, nn.Parameter], counted: set[str], mp: Axis, 
     sq = torch.zeros((), dtype=torch.float64)
     for name in sorted(counted):
         sq += torch.linalg.vector_norm(named[name].grad, 2).double() ** 2
-    if mp.group is not None:
-        dist.all_reduce(sq, group=mp.group)
-    total = math.sqrt(sq.item())
+    total_sq = float(sq.item())
+    if mp.group is not None:  # a float64 statistic: the control plane
+        total_sq = comm.reduce_floats([total_sq], mp.group)[0]
+    total = math.sqrt(total_sq)
     coef = min(max_norm / (total + 1e-6), 1.0)
     if coef < 1.0:
         for p in {id(p): p for p in named.values()}.values():
@@ -160,7 +161,7 @@ class ZeroAdamW:
             mine[off:off + hi - lo] = p.view(-1)[lo:hi]
             off += size
         parts = [torch.empty_like(mine) for _ in range(self.dp.size)]
-        dist.all_gather(parts, mine, group=self.dp.group)
+        comm.all_gather(parts, mine, self.dp.group)
         off = 0
         for p, (_, _, size) in items:
             flat, n = p.view(-1), p.numel()

@@ -17,7 +17,6 @@ import math
 from typing import Callable, Mapping
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..errors import UserError
@@ -26,6 +25,7 @@ from ..layout.shardmap import ShardMap, check_shardable, shard_map
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
 from ..model.heads import Batch, HeadOutputs, LossFn, split_micro
+from . import comm
 from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
 from .groups import GroupCache, RankGroups
@@ -147,10 +147,13 @@ class ParallelModel:
 
         losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
         sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes)
-        loss = torch.stack(losses).sum().double() if losses else torch.zeros((), dtype=torch.float64)
+        # the loss is a float64 statistic: summed and broadcast on the control plane
+        loss = float(torch.stack(losses).double().sum().item()) if losses else 0.0
         if self.groups.dp.group is not None:
-            dist.all_reduce(loss, group=self.groups.dp.group)
-        return float(self.pipe.broadcast_from_last(loss).item())
+            loss = comm.reduce_floats([loss], self.groups.dp.group)[0]
+        if self.groups.pp.group is not None:
+            loss = comm.broadcast_floats([loss], self.groups.pp.ranks[-1], self.groups.pp.group)[0]
+        return loss
 
     def optimizer_step(self) -> float:
         """Clip the whole model's gradient norm, update with ZeRO-1 AdamW, clear the gradients.
@@ -224,11 +227,11 @@ def gather_full_state(sm: ShardMap, groups: RankGroups, local: Mapping[str, torc
                 full[idx] = local[name]
             elif me == dst:
                 buf = torch.empty(tuple(b - a for a, b in sl), dtype=full.dtype, device=full.device)
-                dist.irecv(buf, src=r, group=groups.mp.group).wait(timeout)
+                comm.irecv(buf, r, groups.mp.group).wait(timeout)
                 full[idx] = buf
             elif r == me:
                 t = local[name].contiguous()
-                pending.append((dist.isend(t, dst=dst, group=groups.mp.group), t))
+                pending.append((comm.isend(t, dst, groups.mp.group), t))
         if full is not None:
             out[name] = full
     for work, _ in pending:

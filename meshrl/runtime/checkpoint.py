@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..parallel import comm
+
 from .roles import RoleModels
 
 PREFIX = "ckpt-"
@@ -60,12 +62,12 @@ def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    dist.barrier()
+    comm.barrier(comm.control(None))
     state = _rank_state(roles)
     if ahead is not None:
         state["ahead"] = ahead
     torch.save(state, tmp / f"rank{rank}.pt")
-    dist.barrier()
+    comm.barrier(comm.control(None))
     if rank == 0:
         (tmp / "plan.json").write_text(plan_json)
         meta = {"iteration": iteration, "world": dist.get_world_size(),
@@ -76,7 +78,7 @@ def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels
         old = sorted((p for p in out.glob(f"{PREFIX}*") if p != final), key=lambda p: p.name)
         for p in old[:max(0, len(old) - keep + 1)]:
             shutil.rmtree(p, ignore_errors=True)
-    dist.barrier()
+    comm.barrier(comm.control(None))
     return final
 
 

@@ -29,6 +29,7 @@ from ..algo.registry import tensor_keys
 from ..algo.trainer import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..config import Config
 from ..parallel.groups import GroupCache
+from ..parallel import comm
 from ..plan.execution_plan import ExecutionPlan
 from ..algo.calls import Place, implementation, row_wise
 from .roles import RoleModels, build_roles, initial_states
@@ -190,5 +191,5 @@ class Engine:
         for key in [k for k in self.held if k[1] == t]:
             del self.held[key]
         out: list[RankLog] | None = [RankLog()] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(mine, out, dst=0)
+        comm.gather_object(mine, out, 0, comm.control(None))
         return out

@@ -108,6 +108,9 @@ def _torchrun_main(cfg: Config, plan: ExecutionPlan, out: Path, start: int, time
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+    from ..parallel import comm
+
+    comm.setup(datetime.timedelta(seconds=timeout_s))
     try:
         return rank_main(cfg, plan, str(out), start, timeout_s, None, quiet, 1, progress)
     finally:

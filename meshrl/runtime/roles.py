@@ -21,6 +21,7 @@ from ..algo import setup
 from ..algo.graph import Graph
 from ..config import Config
 from ..model.config import ModelConfig
+from ..parallel import comm
 from ..parallel.data import AdamWConfig
 from ..parallel.groups import GroupCache, RankGroups
 from ..layout.mesh import Placement
@@ -38,7 +39,7 @@ def broadcast_state(state: dict[str, torch.Tensor], src: int = 0) -> dict[str, t
     """Make every rank's tensors equal to rank ``src``'s (same names and shapes on all ranks)."""
     for name in sorted(state):
         t = state[name].contiguous()
-        dist.broadcast(t, src)
+        comm.broadcast(t, src)
         state[name] = t
     return state
 
