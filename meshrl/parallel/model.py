@@ -45,7 +45,7 @@ class ParallelModel:
         self.cfg, self.placement, self.value_head = cfg, placement, value_head
         self.sm: ShardMap = shard_map(cfg, placement, value_head)
         self.groups = groups
-        self.stage = Stage(self.sm, self.groups, load)
+        self.stage = Stage(self.sm, self.groups, load, comm.compute_device())
         self.pipe = Pipe(self.groups.pp, timeout_s, self.stage.device)
         self.named: dict[str, nn.Parameter] = dict(self.stage.param_of)
         self.optim_cfg = optim
@@ -92,9 +92,14 @@ class ParallelModel:
                                           self.stage.vocab_start, entropy)
         return HeadOutputs(logprobs=lp, entropy=ent)
 
+    def _on_device(self, batch: Batch) -> Batch:
+        """The call's inputs on this rank's compute device (a no-op when they are there already)."""
+        dev = self.stage.device
+        return {k: v.to(dev, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
     def _forward(self, batch: Batch, micro_batches: int, last_fn: Callable[[torch.Tensor, Batch], torch.Tensor]
                  ) -> torch.Tensor | None:
-        micro = split_micro(batch, micro_batches)
+        micro = split_micro(self._on_device(batch), micro_batches)
 
         def step(i: int, x: torch.Tensor | None) -> torch.Tensor:
             h = self._run_stage(micro[i], x)
@@ -139,7 +144,7 @@ class ParallelModel:
         """Accumulate the mini-batch gradient into every local parameter's ``.grad`` (complete and
         identical on the holders of a slice, after the tied/kv/dp reductions). ``loss_fn`` must
         normalise by the whole mini-batch (see data.py). Returns the mini-batch loss on every rank."""
-        micro = split_micro(batch, micro_batches)
+        micro = split_micro(self._on_device(batch), micro_batches)
 
         def step(i: int, x: torch.Tensor | None) -> torch.Tensor:
             h = self._run_stage(micro[i], x)

@@ -40,7 +40,8 @@ class Stage(nn.Module):
     ``model`` is a Backbone whose ``embed_tokens``/``norm`` are None where this stage lacks them;
     ``head`` is ``lm_head`` (vocabulary-parallel) or ``score`` (replicated), or None."""
 
-    def __init__(self, sm: ShardMap, groups: RankGroups, load: SliceLoader) -> None:
+    def __init__(self, sm: ShardMap, groups: RankGroups, load: SliceLoader,
+                 device: torch.device | str = "cpu") -> None:
         super().__init__()
         cfg, lay = sm.cfg, sm.placement.layout
         _, tp_i, pp_i = groups.coords
@@ -59,7 +60,7 @@ class Stage(nn.Module):
             self.model.norm = None
         self.param_of: dict[str, nn.Parameter] = {}
         for name, sl in sm.params_of(groups.rank).items():
-            self._place(name, load(name, sl))
+            self._place(name, load(name, sl).to(device))  # only this rank's slice, straight to its device
         missing = [n for n, p in self.named_parameters() if p.is_meta]
         if missing:  # a ShardMap / module mismatch: fail loudly rather than compute on meta tensors
             raise RuntimeError(f"rank {groups.rank}: parameters {missing} were not given a shard")
