@@ -89,13 +89,18 @@ class AdamWConfig:
     max_grad_norm: float = 1.0  # <= 0: no clipping
     # (parameter-name prefix, lr multiplier): e.g. a reward model's fresh score head learns faster
     lr_scales: tuple[tuple[str, float], ...] = ()
+    foreach: bool | None = None  # multi-tensor AdamW; None: on a GPU only (see ZeroAdamW)
 
 
 class ZeroAdamW:
-    """AdamW whose state is sharded over the dp axis (ZeRO stage 1).
+    """AdamW whose state is sharded over the dp axis (ZeRO stage 1), with fp32 master weights.
 
-    Each rank's chunk is a view into its own parameter storage, so torch's AdamW updates the
-    parameter in place and, with dp = 1, nothing is copied at all."""
+    fp32 parameters: each rank's chunk is a view into its own parameter storage, so torch's AdamW
+    updates the parameter in place and, with dp = 1, nothing is copied at all (4 + 4 + 8/dp bytes
+    per parameter: weights, gradients, m and v). Lower-precision (bf16) parameters: the chunk is an
+    fp32 *master* copy of this rank's 1/dp of the parameter; the step reads the bf16 gradient chunk
+    as fp32, updates the master, and rounds it back into the bf16 parameter before the all-gather
+    (2 + 2 + 12/dp bytes: bf16 weights and gradients, master + m + v sharded), as the planner prices."""
 
     def __init__(self, params: list[nn.Parameter], dp: Axis, cfg: AdamWConfig, names: list[str] | None = None
                  ) -> None:
@@ -113,11 +118,16 @@ class ZeroAdamW:
             size = -(-n // dp.size)
             lo, hi = min(dp.index * size, n), min((dp.index + 1) * size, n)
             self.bounds.append((lo, hi, size))
-            self.chunks.append(nn.Parameter(p.detach().view(-1)[lo:hi]))
+            view = p.detach().view(-1)[lo:hi]
+            self.chunks.append(nn.Parameter(view if p.dtype == torch.float32 else view.float().clone()))
         groups = [{"params": [c for c, x in zip(self.chunks, scales, strict=True) if x == scale], "lr": cfg.lr * scale}
                   for scale in dict.fromkeys(scales)]
+        # foreach (multi-tensor kernels: a few launches per step instead of a dozen per tensor) on a
+        # GPU, where launches dominate; on a CPU the per-tensor loop, whose cost the CPU profile measured
+        # (meshrl/runtime/profile_layers.py measures this very class, so each device prices its own).
+        foreach = cfg.foreach if cfg.foreach is not None else any(p.is_cuda for p in self.params)
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, foreach=False)
+                                     weight_decay=cfg.weight_decay, foreach=foreach)
         self._gather_buckets = self._buckets()
 
     def set_lr(self, lr: float) -> None:
@@ -129,8 +139,13 @@ class ZeroAdamW:
         """Update this rank's chunks (in place, in the parameters) from the already reduced
         gradients, then all-gather the other ranks' chunks."""
         for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
-            chunk.grad = p.grad.view(-1)[lo:hi]
+            g = p.grad.view(-1)[lo:hi]
+            chunk.grad = g if g.dtype == chunk.dtype else g.float()
         self.opt.step()
+        for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
+            if p.dtype != chunk.dtype:  # master -> the low-precision parameter (round to nearest)
+                p.detach().view(-1)[lo:hi].copy_(chunk)
+            chunk.grad = None
         if self.dp.group is None:
             return
         for items in self._gather_buckets:
@@ -175,10 +190,20 @@ class ZeroAdamW:
             p.grad = None
 
     def state_dict(self) -> dict:
-        return self.opt.state_dict()
+        """AdamW's state, plus the fp32 master chunks when the parameters are not fp32."""
+        out = self.opt.state_dict()
+        if any(p.dtype != c.dtype for p, c in zip(self.params, self.chunks, strict=True)):
+            out = {**out, "master": [c.detach().clone() for c in self.chunks]}
+        return out
 
+    @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        master = state.pop("master", None)
         self.opt.load_state_dict(state)
+        if master is not None:
+            for c, m in zip(self.chunks, master, strict=True):
+                c.copy_(m)
 
 
 def sync_grads(named: dict[str, nn.Parameter], groups: RankGroups, kv_names: list[str],

@@ -26,6 +26,7 @@ from ..parallel import comm
 from ..model.checkpoint import build_model
 from ..model.presets import get_preset
 from ..parallel.data import AdamWConfig
+from ..parallel.precision import torch_dtype
 from ..parallel.load import InitLoader, SafetensorsLoader, StateLoader, ValueFromCausal
 from ..parallel.groups import GroupCache, RankGroups
 from ..layout.mesh import Placement
@@ -57,7 +58,7 @@ def initial_states(cfg: Config, tok, log, warm: bool = True) -> dict[str, tuple[
     them whole. The one exception is the demo's SFT warm-up (tiny preset, not when resuming): rank 0
     trains the whole tiny actor and broadcasts it tensor by tensor."""
     torch.manual_seed(cfg.train.seed)
-    seed, spec, dtype = cfg.train.seed, cfg.models.actor, torch.float32
+    seed, spec, dtype = cfg.train.seed, cfg.models.actor, torch_dtype(cfg.train.dtype)
     if warm and setup.warms_up(cfg):
         actor = setup.load_policy(cfg, seed) if dist.get_rank() == 0 else build_model(spec.preset or "tiny")
         if dist.get_rank() == 0:
@@ -66,7 +67,7 @@ def initial_states(cfg: Config, tok, log, warm: bool = True) -> dict[str, tuple[
             warmup_sft(actor, cfg, tok, log, progress=False)
         state = broadcast_state({k: v.detach() for k, v in actor.state_dict().items()})
         del actor
-        acfg, body = get_preset(spec.preset or "tiny"), StateLoader(state)
+        acfg, body = get_preset(spec.preset or "tiny"), StateLoader(state, dtype)
     elif spec.path:
         body = SafetensorsLoader(spec.path, dtype=dtype)
         acfg = body.cfg
