@@ -7,6 +7,8 @@ cross nodes), reallocation times keyed by the two placements up to a whole-node 
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from .hardware import Hardware
 
 VALUE_HEAD_ROLES = ("critic", "reward")
 TOKEN_BYTES = 4  # int32 token ids and fp32 per-token values between calls
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # train.dtype -> bytes per weight / activation element
 SEQ_LEVEL_KEYS = ("scores",)  # one fp32 per sequence; every other key is one value per token
 
 
@@ -150,6 +153,28 @@ class Problem:
                 transient[r] = max(transient[r], extra)
         return [a + b for a, b in zip(resident, transient, strict=True)]
 
+    def call_memory(self, plan: ExecutionPlan) -> dict[str, tuple[float, int]]:
+        """Per call: (peak bytes, rank) on its busiest rank while it runs: the resident weights and
+        optimizer state of every role whose home is on that rank, plus the call's own transient need
+        (and its temporary copy). What ``--validate`` compares with the measured peak."""
+        homes = {role: self.home(plan, role) for role in self.graph.roles()}
+        resident = [0.0] * self.cluster.size
+        for h in homes.values():
+            if h in plan.calls:
+                est = self.call_estimate(h, plan.calls[h])
+                for r in plan.calls[h].mesh.ranks:
+                    resident[r] += est.weights_bytes + est.state_bytes
+        out = {}
+        for name, cp in plan.calls.items():
+            est = self.call_estimate(name, cp)
+            extra = est.transient_bytes
+            home = plan.calls.get(homes[self.specs[name].role])
+            if home is not None and name != homes[self.specs[name].role] and cp.placement != home.placement:
+                extra += est.weights_bytes
+            r = max(cp.mesh.ranks, key=lambda x: resident[x])
+            out[name] = (resident[r] + extra, r)
+        return out
+
     def feasible(self, plan: ExecutionPlan) -> bool:
         return max(self.device_memory(plan)) <= self.hw.mem_bytes
 
@@ -185,6 +210,9 @@ def problem_from_config(cfg, profile: str | None = None, async_gen: int | None =
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}
     cluster = Cluster(cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device)
     hw = get_hardware(cfg.cluster.device, cfg.cluster.devices_per_node, profile)
+    dtype = getattr(getattr(cfg, "train", None), "dtype", "auto")
+    if dtype in DTYPE_BYTES:  # train.dtype set: weights, gradients and activations in it (auto: the device's)
+        hw = dataclasses.replace(hw, dtype_bytes=DTYPE_BYTES[dtype])
     if async_gen is None:
         async_gen = int(getattr(getattr(cfg, "plan", None), "async_gen", 0))
     if async_gen not in (0, 1):

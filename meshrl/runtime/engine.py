@@ -30,6 +30,7 @@ from ..algo.trainer import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..config import Config
 from ..parallel.groups import GroupCache
 from ..parallel import comm
+from . import memory
 from ..plan.execution_plan import ExecutionPlan
 from ..algo.calls import Place, implementation, row_wise
 from .roles import RoleModels, build_roles, initial_states
@@ -44,6 +45,7 @@ class RankLog:
     stats: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     events: list[tuple[str, str, float, float]] = field(default_factory=list)  # (name, kind, start, dur)
+    memory: dict[str, float] = field(default_factory=dict)  # call -> peak bytes (runtime/memory.py)
 
 
 class Engine:
@@ -117,7 +119,7 @@ class Engine:
         if step.role and self.roles[step.role].offloaded:
             self.roles[step.role].reload()  # before a call or a reallocation reads the weights
         if step.kind == "call":
-            self._call(step)
+            self._measured_call(step)
             if self._temporary(step.call):
                 self.roles[step.role].drop(self.plan.calls[step.call].placement)
             if self.plan.offload_frozen and self._shared(step.call):
@@ -126,6 +128,19 @@ class Engine:
             self.roles[step.role].refresh(self.plan.calls[step.call].placement, self.rank, self.timeout)
         elif step.kind == "transfer":
             self._transfer(step)
+
+    def _measured_call(self, step: Step) -> None:
+        """The call, with the rank's peak memory in it when validation asks (runtime/memory.py: on a
+        CPU only in iteration 0, whose times the comparison skips)."""
+        dev = comm.compute_device()
+        if not memory.enabled() or (dev.type != "cuda" and step.iteration != 0):
+            self._call(step)
+            return
+        box: dict = {}
+        with memory.call_peak(self.roles, dev, box):
+            self._call(step)
+        lg = self.logs.setdefault(step.iteration, RankLog())
+        lg.memory[step.call] = max(lg.memory.get(step.call, 0.0), box["peak"])
 
     def _temporary(self, name: str) -> bool:
         """Whether the call's copy of its role is dropped after the call: a copy (not the home) that

@@ -126,6 +126,11 @@ def record_of(t: int, logs: list[RankLog], wall_s: float) -> dict:
             timing[k] = max(timing.get(k, 0.0), v)
     busiest = max((sum(v for k, v in lg.seconds.items() if k.startswith("time/call/")) for lg in logs), default=0.0)
     rec.update(sorted(timing.items()))
+    peaks: dict[str, float] = {}  # per call, the busiest rank's peak memory (when measured)
+    for lg in logs:
+        for k, v in getattr(lg, "memory", {}).items():
+            peaks[k] = max(peaks.get(k, 0.0), v)
+    rec.update((f"perf/mem_gib/{k}", v / 2**30) for k, v in sorted(peaks.items()))
     rec["time/iteration"] = wall_s
     rec["time/runtime/overhead_frac"] = max(0.0, 1.0 - busiest / wall_s) if wall_s > 0 else 0.0
     return rec

@@ -34,12 +34,12 @@ def test_bf16_with_fp32_master_equals_the_oracle():
     ref = torch.optim.AdamW(master, lr=CFG.lr, betas=CFG.betas, eps=CFG.eps, weight_decay=CFG.weight_decay,
                             foreach=False)
     for step in range(4):
-        for p, m, g in zip(params, master, _grads(step)):
+        for p, m, g in zip(params, master, _grads(step), strict=True):
             p.grad = g.to(torch.bfloat16)
             m.grad = p.grad.float()
         opt.step()
         ref.step()
-        for p, m in zip(params, master):
+        for p, m in zip(params, master, strict=True):
             assert p.dtype == torch.bfloat16 and torch.equal(p.detach(), m.detach().to(torch.bfloat16))
     # the fp32 state: master + m + v = 12 bytes per parameter at dp=1, bf16 weights 2 bytes
     n = sum(p.numel() for p in params)
@@ -53,25 +53,25 @@ def test_fp32_chunks_are_views_and_foreach_matches_the_loop():
     ob = ZeroAdamW(b, ALONE, AdamWConfig(lr=CFG.lr, weight_decay=CFG.weight_decay, foreach=True))
     assert oa.chunks[0].data_ptr() == a[0].data_ptr()  # no master copy in fp32
     for step in range(3):
-        for p, q, g in zip(a, b, _grads(step)):
+        for p, q, g in zip(a, b, _grads(step), strict=True):
             p.grad, q.grad = g.clone(), g.clone()
         oa.step()
         ob.step()
-    for p, q in zip(a, b):
+    for p, q in zip(a, b, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
 
 
 def test_checkpoint_keeps_the_master_weights():
     params = _params(torch.bfloat16)
     opt = ZeroAdamW(params, ALONE, CFG)
-    for p, g in zip(params, _grads(0)):
+    for p, g in zip(params, _grads(0), strict=True):
         p.grad = g.to(torch.bfloat16)
     opt.step()
     saved = opt.state_dict()
     assert "master" in saved
     fresh = ZeroAdamW([nn.Parameter(p.detach().clone()) for p in params], ALONE, CFG)
     fresh.load_state_dict(saved)
-    for c, d in zip(opt.chunks, fresh.chunks):
+    for c, d in zip(opt.chunks, fresh.chunks, strict=True):
         assert torch.equal(c, d) and c.dtype == torch.float32
 
 
