@@ -129,6 +129,19 @@ class ZeroAdamW:
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay, foreach=foreach)
         self._gather_buckets = self._buckets()
+        self._init_state()
+
+    @torch.no_grad()
+    def _init_state(self) -> None:
+        """AdamW's moments made now rather than at the first step (what torch's AdamW would make
+        then, zeros and step 0: the same numbers): the rank holds its whole optimizer state from
+        the start, so a plan that does not fit fails when the models are built, not mid-run, and
+        the memory the planner predicts is there in every call."""
+        for g in self.opt.param_groups:
+            for c in g["params"]:
+                self.opt.state[c] = {"step": torch.tensor(0.0, dtype=torch.float32),
+                                     "exp_avg": torch.zeros_like(c, memory_format=torch.preserve_format),
+                                     "exp_avg_sq": torch.zeros_like(c, memory_format=torch.preserve_format)}
 
     def set_lr(self, lr: float) -> None:
         for g in self.opt.param_groups:

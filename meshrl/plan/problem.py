@@ -38,6 +38,9 @@ class Problem:
     cluster: Cluster
     async_gen: int = 0
     optimistic: bool = False  # unknown reallocation times read as 0 (see realloc_time)
+    # roles that hold no weights at run time (a rule reward: no models.reward.path): their calls are
+    # still timed as a model's (see docs/planner.md), but they take no memory
+    weightless: tuple[str, ...] = ()
     specs: dict[str, CallSpec] = field(init=False)
     _calls: dict = field(init=False, default_factory=dict)
     _realloc: dict = field(init=False, default_factory=dict)
@@ -138,12 +141,14 @@ class Problem:
         resident = [0.0] * n
         transient = [0.0] * n
         homes = {role: self.home(plan, role) for role in self.graph.roles()}
-        for h in homes.values():
-            if h in plan.calls:
+        for role, h in homes.items():
+            if h in plan.calls and role not in self.weightless:
                 est = self.call_estimate(h, plan.calls[h])
                 for r in plan.calls[h].mesh.ranks:
                     resident[r] += est.weights_bytes + est.state_bytes
         for name, cp in plan.calls.items():
+            if self.specs[name].role in self.weightless:
+                continue
             est = self.call_estimate(name, cp)
             extra = est.transient_bytes
             home = plan.calls.get(homes[self.specs[name].role])
@@ -159,15 +164,15 @@ class Problem:
         (and its temporary copy). What ``--validate`` compares with the measured peak."""
         homes = {role: self.home(plan, role) for role in self.graph.roles()}
         resident = [0.0] * self.cluster.size
-        for h in homes.values():
-            if h in plan.calls:
+        for role, h in homes.items():
+            if h in plan.calls and role not in self.weightless:
                 est = self.call_estimate(h, plan.calls[h])
                 for r in plan.calls[h].mesh.ranks:
                     resident[r] += est.weights_bytes + est.state_bytes
         out = {}
         for name, cp in plan.calls.items():
             est = self.call_estimate(name, cp)
-            extra = est.transient_bytes
+            extra = 0.0 if self.specs[name].role in self.weightless else est.transient_bytes
             home = plan.calls.get(homes[self.specs[name].role])
             if home is not None and name != homes[self.specs[name].role] and cp.placement != home.placement:
                 extra += est.weights_bytes
@@ -217,4 +222,6 @@ def problem_from_config(cfg, profile: str | None = None, async_gen: int | None =
         async_gen = int(getattr(getattr(cfg, "plan", None), "async_gen", 0))
     if async_gen not in (0, 1):
         raise UserError(f"async must be 0 or 1, got {async_gen}")
-    return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, async_gen)
+    rule = cfg.algo != "rm" and "reward" in models and getattr(cfg.models.reward, "path", None) is None
+    return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, async_gen,
+                   weightless=("reward",) if rule else ())
