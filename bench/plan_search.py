@@ -1,9 +1,11 @@
 """Search speed and quality: wall time of `search` per setting on one core, up to 128 devices,
 against the best strategy; and, for the small settings, against the exhaustive optimum.
 
-    python bench/plan_search.py [--budget 5]
+    python bench/plan_search.py [--steps N]
 
-Prints one row per setting. The budget covers everything (candidates, strategies, descent)."""
+Prints one row per setting. The search's budget is N plan evaluations (default: meshrl plan's), so
+the plans are the same on any machine and only the wall times depend on it; the wall time covers
+everything (candidates, strategies, descent)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from meshrl.config import load_config  # noqa: E402
 from meshrl.plan.problem import problem_from_config  # noqa: E402
 from meshrl.plan.report import compare  # noqa: E402
+from meshrl.plan.search import DEFAULT_STEPS  # noqa: E402
 from meshrl.plan.strategies import BUILDERS  # noqa: E402
 
 
@@ -35,7 +38,7 @@ def settings() -> list[tuple[str, list[str]]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--budget", type=float, default=5.0)
+    ap.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="search plan evaluations per setting")
     args = ap.parse_args()
     print("| setting | search wall s | search iteration s | best strategy s | gain |")
     print("|---|---|---|---|---|")
@@ -44,7 +47,7 @@ def main() -> None:
         cfg = load_config(None, ["cluster.device=h100-80g", "data.prompt_len=128", *over])
         prob = problem_from_config(cfg)
         t0 = time.perf_counter()
-        results, _ = compare(prob, [*BUILDERS, "search"], budget_s=args.budget)
+        results, _ = compare(prob, [*BUILDERS, "search"], steps=args.steps)
         wall = time.perf_counter() - t0  # strategies + search, everything `meshrl plan` does
         walls.append(wall)
         best = min((r for n, r in results.items() if n != "search" and r.feasible), key=lambda r: r.iteration_s)
@@ -52,7 +55,7 @@ def main() -> None:
         assert s.iteration_s <= best.iteration_s * (1 + 1e-9), name
         print(f"| {name} | {wall:.1f} | {s.iteration_s:.2f} | {best.iteration_s:.2f} ({best.name}) | "
               f"{best.iteration_s / s.iteration_s:.2f}x |", flush=True)
-    print(f"\nmedian wall {statistics.median(walls):.1f} s, max {max(walls):.1f} s (budget {args.budget} s)")
+    print(f"\nmedian wall {statistics.median(walls):.1f} s, max {max(walls):.1f} s ({args.steps} steps)")
 
 
 if __name__ == "__main__":

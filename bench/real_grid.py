@@ -7,7 +7,7 @@ prompts of 128 tokens, generation of 128, 384 and 896, 2^17 tokens per iteration
 batch_size = 2^17 / (128 + gen) prompts). PPO, synchronous, one epoch of 4 mini-batches
 (4 optimizer steps per iteration); each cell's search has a small budget.
 
-    python bench/real_grid.py [--budget 2] [--out docs/real_grid.md]
+    python bench/real_grid.py [--steps 2000] [--out docs/real_grid.md]
 
 Asserts in every cell that the search is no worse than the best strategy."""
 
@@ -42,13 +42,13 @@ def cells():
                 yield scale, label, n, gen, actor, critic
 
 
-def run_cell(actor: str, critic: str, n: int, gen: int, budget: float):
+def run_cell(actor: str, critic: str, n: int, gen: int, steps: int):
     over = ["cluster.device=h100-80g", f"cluster.nodes={n // 8}", "cluster.devices_per_node=8",
             f"models.actor={actor}", f"models.ref={actor}", f"models.critic={critic}", f"models.reward={critic}",
             "data.prompt_len=128", f"data.gen_len={gen}", f"data.batch_size={2**17 // (128 + gen)}",
             "ppo.mini_batches=4"]
     prob = problem_from_config(load_config(None, over))
-    results, _ = compare(prob, list(COLUMNS), budget_s=budget)
+    results, _ = compare(prob, list(COLUMNS), steps=steps)
     return results
 
 
@@ -58,7 +58,7 @@ def fmt(r) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--budget", type=float, default=2.0, help="search seconds per cell")
+    ap.add_argument("--steps", type=int, default=2000, help="search plan evaluations per cell")
     ap.add_argument("--out", default="docs/real_grid.md")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -67,7 +67,7 @@ def main() -> None:
     lines = [head, "|" + "---|" * (len(COLUMNS) + 6)]
     print(head, flush=True)
     for scale, label, n, gen, actor, critic in cells():
-        res = run_cell(actor, critic, n, gen, args.budget)
+        res = run_cell(actor, critic, n, gen, args.steps)
         feas = [r for k, r in res.items() if k != "search" and r.feasible]
         s = res["search"]
         if feas:
@@ -84,8 +84,8 @@ def main() -> None:
         print(line, flush=True)
     total = time.perf_counter() - t0
     note = (f"\nEach cell: predicted seconds per iteration / PFLOP/s (H100 preset, PPO, 2^17 tokens per iteration, "
-            f"search budget {args.budget} s). OOM: the strategy's plan does not fit in 80 GB.\n"
-            f"Produced by `python bench/real_grid.py --budget {args.budget}` in {total:.0f} s.\n")
+            f"search budget {args.steps} plan evaluations). OOM: the strategy's plan does not fit in 80 GB.\n"
+            f"Produced by `python bench/real_grid.py --steps {args.steps}` in {total:.0f} s.\n")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("# ReaL's grid, predicted by meshrl's planner\n\n" + "\n".join(lines) + "\n" + note)
     print(note)

@@ -39,9 +39,16 @@ class ModelsConfig:
 class DataConfig:
     prompt_len: int = 16  # maximum prompt tokens
     gen_len: int = 16  # maximum generated tokens per response
+    # Planner only: expected response length, and expected longest response of a generation batch
+    # (None: every response runs to gen_len); `meshrl plan --lengths-from OUT/` reads both from a run.
+    gen_len_mean: float | None = None
+    gen_len_longest: float | None = None
     batch_size: int = 32  # prompts per iteration (sft: sequences per step; rm/dpo: pairs per step)
     samples_per_prompt: int = 1  # responses sampled per prompt; grpo/rloo need >= 2, and 1 means 4 there
     path: str | None = None  # JSONL dataset; None = the built-in demo task
+    chat_template: bool = False  # render each record through the actor checkpoint's chat template
+    filter_groups: bool = False  # DAPO dynamic sampling: drop prompt groups whose rewards are all equal
+    filter_rounds: int = 3  # with filter_groups: prompts drawn = filter_rounds x batch_size, at most
 
 
 @dataclass
@@ -72,6 +79,9 @@ class OptimConfig:
     critic_lr: float = 1e-3  # critic (PPO) and reward model (algo=rm)
     weight_decay: float = 0.0
     grad_clip: float = 1.0  # max global grad norm; 0 = off
+    schedule: str = "constant"  # constant | linear | cosine (meshrl/algo/lr_schedule.py)
+    warmup: int = 0  # optimizer steps of linear warm-up
+    min_lr_ratio: float = 0.0  # linear / cosine decay down to min_lr_ratio x lr at the last step
 
 
 @dataclass
@@ -81,13 +91,17 @@ class PPOConfig:
     epochs: int = 1  # passes over each iteration's samples
     mini_batches: int = 2  # optimizer steps per epoch (the iteration's samples cut into this many)
     micro_batches: int = 1  # gradient-accumulation slices of a mini-batch (never changes results)
-    clip: float = 0.2  # policy ratio clip
+    clip: float = 0.2  # policy ratio clip (the lower one when clip_high is set)
+    clip_high: float | None = None  # upper ratio clip (DAPO's clip-higher); None = ppo.clip
+    dual_clip: float = 0.0  # dual-clip constant c > 1 (0 = off): a negative-advantage token's loss <= c|A|
+    ratio: str = "token"  # token | sequence (GSPO's length-normalised sequence ratio)
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     value_clip: float = 0.2  # critic value clip
     gamma: float = 1.0
     lam: float = 0.95
     kl_coef: float = 0.02
     kl_mode: str = "auto"  # reward (penalty in the reward) | loss (KL loss term) | auto: loss for grpo
-    kl_estimator: str = "auto"  # k1 | k2 | k3 | auto: k1 in the reward, k3 as a loss
+    kl_estimator: str = "auto"  # k1 | k2 | k3 | abs | auto: k1 in the reward, k3 as a loss
     entropy_coef: float = 0.0
     whiten_advantages: bool = True  # PPO: whiten GAE advantages over the mini-batch
     normalize_rewards: bool = False  # PPO/ReMax: whiten sequence scores over the iteration's batch
@@ -109,6 +123,8 @@ class SFTConfig:
     lr: float = 2e-3
     batch_size: int = 64  # sequences per step
     warmup: bool = True  # RL from a preset actor starts with an SFT stage on the task's SFT data
+    path: str | None = None  # JSONL {"prompt", "response"} for the warm-up of a run with its own
+    # data.path (without it such a run skips the warm-up: the demo's data never mixes in)
 
 
 @dataclass
@@ -121,6 +137,20 @@ class RewardConfig:
     """Where rewards come from: models.reward.path (a trained reward model), else this rule."""
 
     rule: str = "exact_match"  # a function registered with meshrl.algo.rewards.register_rule
+    fn: list[str] = field(default_factory=list)  # user functions: file.py:name or module:name (one or a list)
+    weights: list[float] = field(default_factory=list)  # one per reward.fn; default 1 each
+    overlong_buffer: int = 0  # DAPO overlong shaping: the last this many of data.gen_len tokens are penalised
+    overlong_penalty: float = 1.0  # the penalty at a response of data.gen_len tokens
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation on held-out prompts while training (the actor's policy at the iteration's start)."""
+
+    path: str | None = None  # JSONL of {"prompt" (or "messages"), "answer"}; None = no evaluation
+    every: int = 10  # iterations between evaluations (iteration 0 is always evaluated)
+    samples: int = 1  # 1 = greedy accuracy; k > 1 = k samples per prompt, eval/pass@k
+    correct: float = 1.0  # a response counts as correct when its reward is >= this (the rules give 1)
 
 
 @dataclass
@@ -136,6 +166,7 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def validate(self) -> None:
         if self.algo not in ALGOS:
@@ -149,8 +180,11 @@ class Config:
             raise UserError(f"train.dtype={self.train.dtype!r} is not one of auto, float32, bfloat16")
         if self.ppo.kl_mode not in ("auto", "reward", "loss"):
             raise UserError(f"ppo.kl_mode={self.ppo.kl_mode!r} is not one of auto, reward, loss")
-        if self.ppo.kl_estimator not in ("auto", "k1", "k2", "k3"):
-            raise UserError(f"ppo.kl_estimator={self.ppo.kl_estimator!r} is not one of auto, k1, k2, k3")
+        if self.ppo.kl_estimator not in ("auto", "k1", "k2", "k3", "abs"):
+            raise UserError(f"ppo.kl_estimator={self.ppo.kl_estimator!r} is not one of auto, k1, k2, k3, abs")
+        from .algo.recipe_config import validate_recipes  # loss variants, LR schedule, rewards, eval
+
+        validate_recipes(self)
         for key, val in (("data.batch_size", self.data.batch_size), ("data.gen_len", self.data.gen_len),
                          ("data.prompt_len", self.data.prompt_len), ("ppo.epochs", self.ppo.epochs),
                          ("ppo.mini_batches", self.ppo.mini_batches),
@@ -158,6 +192,10 @@ class Config:
                          ("data.samples_per_prompt", self.data.samples_per_prompt)):
             if val < 1:
                 raise UserError(f"{key} must be >= 1, got {val}")
+        for key in ("gen_len_mean", "gen_len_longest"):
+            val = getattr(self.data, key)
+            if val is not None and not 1 <= val <= self.data.gen_len:
+                raise UserError(f"data.{key}={val} must be between 1 and data.gen_len={self.data.gen_len}")
 
 
 def _field_types(cls) -> dict[str, object]:
@@ -181,6 +219,10 @@ def _coerce(value: object, tp: object, key: str) -> object:
                     return False
                 raise ValueError(value)
             return bool(value)
+        if typing.get_origin(tp) is list:
+            items = [] if value is None else value if isinstance(value, list) else [value]
+            (item_tp,) = typing.get_args(tp)
+            return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(items)]
         if tp in (int, float, str):
             if tp is int and isinstance(value, float) and not value.is_integer():
                 raise ValueError(value)

@@ -15,7 +15,8 @@ N = gen_len):
 
     actor_gen      prompt_ids, prompt_mask [B, P], sample_seed [B]
                    -> input_ids, attention_mask [B, P+N], response_mask [B, N], logp_old [B, N]
-    reward_inf     input_ids, attention_mask, response_mask, answer_ids [B, N] -> scores [B]
+    reward_inf     input_ids, attention_mask, response_mask, answer_ids [B, N], row_id [B]
+                   -> scores [B], score_parts [B, K] (each reward.fn's value, the overlong penalty)
     ref_inf        input_ids, attention_mask, response_mask -> logp_ref [B, N]
     critic_inf     input_ids, attention_mask, response_mask -> values [B, N]
     actor_train    seqs, logp_old, logp_ref, scores (+ values for ppo, + scores_greedy for remax)
@@ -30,18 +31,20 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model.heads import HeadOutputs
 from .advantages import last_token_index
 from .batch import Batch
 from .common import CallContext, StatSum, minibatch_rows
+from .filtering import filter_groups
 from .graph import Call
+from .handles import ModelHandle
 from .kl import kl_estimate
-from .losses import masked_sum_over, policy_loss, value_loss
+from .losses import Norm, aggregate, policy_loss, value_loss
+from .lr_schedule import factor_at, set_lr_factor
 from .objectives import critic_free_advantages, kl_settings, ppo_advantages
 from .registry import SEQ_KEYS
-from .rewards import get_rule
-from .rollout import decode_responses, generation_config, pack_generation
-from ..model.heads import HeadOutputs
-from .handles import ModelHandle
+from .rollout import generation_config, pack_generation
+from .scoring import function_scores, train_records, with_overlong
 from ..parallel import comm
 
 
@@ -73,17 +76,18 @@ def generate_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: P
 
 
 def score_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: Place) -> Batch | None:
-    """scores [b]: the rule's verdict (no model), else the reward model's value at the last token."""
+    """scores [b], score_parts [b, K]: the rule's or the user functions' verdict (no model), else the
+    reward model's value at the last token; plus the overlong penalty (meshrl/algo/scoring.py)."""
+    cfg = ctx.cfg
     if h is None:
-        rule, tok = get_rule(ctx.cfg.reward.rule), ctx.tokenizer
-        answers = [tok.decode(a.tolist()) for a in part["answer_ids"]]
-        scores = [rule(r, a) for r, a in zip(decode_responses(part, tok), answers, strict=True)]
-        return Batch({"scores": torch.tensor(scores, dtype=torch.float32)}, part.index)
+        out = function_scores(part, cfg, ctx.tokenizer, train_records(cfg), cfg.data.path or "the demo prompts")
+        return Batch(out, part.index)
     values = h.values(part["input_ids"], part["attention_mask"], place.micro_batches)
     if values is None:
         return None
     last = _prompt_len(part) + last_token_index(part["response_mask"])
-    return Batch({"scores": values.float().gather(1, last[:, None]).squeeze(1)}, part.index)
+    scores = values.float().gather(1, last[:, None]).squeeze(1)
+    return Batch(with_overlong(cfg, scores, torch.zeros(len(scores), 0), part["response_mask"]), part.index)
 
 
 def ref_logprob_rows(h: ModelHandle, part: Batch, ctx: CallContext, place: Place) -> Batch | None:
@@ -113,50 +117,68 @@ def reduce_stats(stats: StatSum, place: Place) -> dict[str, float]:
 
 
 def _minibatches(data: Batch, ctx: CallContext, place: Place):
-    """(replica part as a dict of tensors, its micro-batch count) of each keyed mini-batch, with the
-    whole mini-batch's token count."""
+    """(replica part as a dict of tensors, its micro-batch count, the whole mini-batch's counts) of
+    each keyed mini-batch."""
     cfg = ctx.cfg
     for epoch in range(cfg.ppo.epochs):
         for rows in minibatch_rows(len(data), cfg.ppo.mini_batches, cfg.train.seed, ctx.iteration, epoch):
             mb = data.select(rows)
-            denom = float(mb["response_mask"].sum().clamp(min=1))
+            norm = Norm(tokens=float(mb["response_mask"].sum().clamp(min=1)), seqs=float(len(mb)),
+                        width=float(mb["response_mask"].shape[1]))
             part = mb.split(place.dp_size)[place.dp_index] if place.dp_size > 1 else mb
-            yield dict(part.data), min(place.micro_batches, len(part)), denom
+            yield dict(part.data), min(place.micro_batches, len(part)), norm
+
+
+def scheduled_step(h: ModelHandle, ctx: CallContext, k: int) -> float:
+    """Set the LR of the iteration's k-th optimizer step (optim.schedule; the main stage only, not
+    the demo's SFT warm-up, whose context names another algorithm) and return it."""
+    factor = factor_at(ctx.cfg, ctx.iteration, k) if ctx.algo == ctx.cfg.algo else 1.0
+    return set_lr_factor(h, factor)
 
 
 def actor_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> dict[str, float]:
-    """PPO-clip updates of the actor (ppo.epochs x ppo.mini_batches steps); -> actor/* stats."""
+    """PPO-clip updates of the actor (ppo.epochs x ppo.mini_batches steps) on the iteration's batch
+    (its informative groups under data.filter_groups); -> actor/* stats, optim/lr (the LR of the
+    iteration's first step), batch/* (filter_groups)."""
     cfg = ctx.cfg
+    batch, extra = filter_groups(batch, cfg)
     adv = ppo_advantages(batch, cfg)[0] if ctx.algo == "ppo" else critic_free_advantages(batch, cfg, ctx.algo)
     mode, est = kl_settings(cfg, ctx.algo)
     keys = ["input_ids", "attention_mask", "response_mask", "logp_old", "logp_ref"]
     data = Batch({k: batch[k] for k in keys}).with_(advantages=adv)
     stats, steps = StatSum(), 0
-    for part, micro, denom in _minibatches(data, ctx, place):
-        h.forward_backward(part, _actor_loss_fn(cfg, mode, est, denom, stats), micro,
+    for part, micro, norm in _minibatches(data, ctx, place):
+        lr = scheduled_step(h, ctx, steps)
+        extra.setdefault("optim/lr", lr)
+        h.forward_backward(part, _actor_loss_fn(cfg, mode, est, norm, stats), micro,
                            entropy=cfg.ppo.entropy_coef != 0.0)
         stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
         steps += 1
     sums = reduce_stats(stats, place) if place.holds_output else {}
-    return {f"actor/{k}": v / steps for k, v in sums.items()}
+    return {**{f"actor/{k}": v / steps for k, v in sums.items()}, **(extra if place.holds_output else {})}
 
 
-def _actor_loss_fn(cfg, mode: str, est: str, denom: float, stats: StatSum
+def _actor_loss_fn(cfg, mode: str, est: str, norm: Norm, stats: StatSum
                    ) -> Callable[[HeadOutputs, dict], torch.Tensor]:
+    """The policy loss of a micro-batch (ppo.clip / clip_high / dual_clip / ratio), with the KL loss
+    and the entropy bonus, all aggregated by ppo.loss_agg over the whole mini-batch (``norm``)."""
+    o, agg = cfg.ppo, cfg.ppo.loss_agg
+
     def loss_fn(out: HeadOutputs, mb: dict) -> torch.Tensor:
         mask = mb["response_mask"].float()
         p = mb["input_ids"].shape[1] - mask.shape[1]
         logp = out.logprobs[:, p - 1:]
-        loss, st = policy_loss(logp, mb["logp_old"], mb["advantages"], mask, cfg.ppo.clip, denom)
+        loss, st = policy_loss(logp, mb["logp_old"], mb["advantages"], mask, o.clip, norm, clip_high=o.clip_high,
+                               dual_clip=o.dual_clip, ratio=o.ratio, agg=agg)
         stats.add("pg_loss", loss.detach())
         for k, v in st.items():
             stats.add(k, v)
         if mode == "loss" and cfg.ppo.kl_coef != 0.0:
-            kl = masked_sum_over(kl_estimate(logp, mb["logp_ref"], est), mask, denom)
+            kl = aggregate(kl_estimate(logp, mb["logp_ref"], est), mask, norm, agg)
             stats.add("kl_loss", kl.detach())
             loss = loss + cfg.ppo.kl_coef * kl
         if cfg.ppo.entropy_coef != 0.0:
-            ent = masked_sum_over(out.entropy[:, p - 1:], mask, denom)
+            ent = aggregate(out.entropy[:, p - 1:], mask, norm, agg)
             stats.add("entropy", ent.detach())
             loss = loss - cfg.ppo.entropy_coef * ent
         return loss
@@ -165,30 +187,36 @@ def _actor_loss_fn(cfg, mode: str, est: str, denom: float, stats: StatSum
 
 
 def critic_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> dict[str, float]:
-    """Clipped value regression on the GAE returns, same mini-batches as the actor; -> critic/*."""
+    """Clipped value regression on the GAE returns, same batch and mini-batches as the actor (token-
+    mean, as verl's value loss); -> critic/*, optim/critic_lr."""
     cfg = ctx.cfg
+    batch, _ = filter_groups(batch, cfg)
     _, returns = ppo_advantages(batch, cfg)
     keys = ["input_ids", "attention_mask", "response_mask", "values"]
     data = Batch({k: batch[k] for k in keys}).with_(returns=returns)
     stats, steps = StatSum(), 0
 
-    def make_loss(denom: float) -> Callable[[HeadOutputs, dict], torch.Tensor]:
+    def make_loss(norm: Norm) -> Callable[[HeadOutputs, dict], torch.Tensor]:
         def loss_fn(out: HeadOutputs, mb: dict) -> torch.Tensor:
             mask = mb["response_mask"].float()
             p = mb["input_ids"].shape[1] - mask.shape[1]
             v = out.values[:, p - 1:-1].float() * mask
-            loss, st = value_loss(v, mb["values"], mb["returns"], mask, cfg.ppo.value_clip, denom)
+            loss, st = value_loss(v, mb["values"], mb["returns"], mask, cfg.ppo.value_clip, norm.tokens)
             stats.add("vf_loss", loss.detach())
             stats.add("vf_clipfrac", st["clipfrac"])
             return loss
         return loss_fn
 
-    for part, micro, denom in _minibatches(data, ctx, place):
-        h.forward_backward(part, make_loss(denom), micro)
+    first_lr = None
+    for part, micro, norm in _minibatches(data, ctx, place):
+        lr = scheduled_step(h, ctx, steps)
+        first_lr = lr if first_lr is None else first_lr
+        h.forward_backward(part, make_loss(norm), micro)
         stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
         steps += 1
-    sums = reduce_stats(stats, place) if place.holds_output else {}
-    return {f"critic/{k}": v / steps for k, v in sums.items()}
+    if not place.holds_output:
+        return {}
+    return {**{f"critic/{k}": v / steps for k, v in reduce_stats(stats, place).items()}, "optim/critic_lr": first_lr}
 
 
 def _suffixed(b: Batch, suffix: str) -> Batch:

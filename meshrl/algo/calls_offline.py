@@ -23,14 +23,14 @@ from collections.abc import Callable
 
 import torch
 
+from ..model.heads import HeadOutputs
 from .advantages import last_token_index
 from .batch import Batch
+from .calls import Place, reduce_stats, scheduled_step
 from .common import CallContext, StatSum
+from .handles import ModelHandle
 from .losses import bradley_terry_loss, dpo_loss, sft_loss
 from .registry import SEQ_KEYS, side
-from ..model.heads import HeadOutputs
-from .calls import Place, reduce_stats
-from .handles import ModelHandle
 
 
 def _replica_part(batch: Batch, place: Place) -> Batch:
@@ -65,10 +65,14 @@ def pair_rows(part: Batch, micro_batches: int, extra: tuple[str, str] | None = N
     return rows, m
 
 
-def _finish(h: ModelHandle, stats: StatSum, place: Place, prefix: str) -> dict[str, float]:
-    """The call's one optimizer step, then the stats summed over the replicas (holders only)."""
+def _finish(h: ModelHandle, stats: StatSum, place: Place, prefix: str, ctx: CallContext) -> dict[str, float]:
+    """The call's one optimizer step at the scheduled LR, then the stats summed over the replicas
+    and optim/lr (holders only)."""
+    lr = scheduled_step(h, ctx, 0)
     stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
-    return {f"{prefix}/{k}": v for k, v in reduce_stats(stats, place).items()} if place.holds_output else {}
+    if not place.holds_output:
+        return {}
+    return {**{f"{prefix}/{k}": v for k, v in reduce_stats(stats, place).items()}, "optim/lr": lr}
 
 
 def sft_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> dict[str, float]:
@@ -84,7 +88,7 @@ def sft_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> d
         return loss
 
     h.forward_backward(dict(part.data), loss_fn, min(place.micro_batches, len(part)))
-    return _finish(h, stats, place, "sft")
+    return _finish(h, stats, place, "sft", ctx)
 
 
 def rm_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> dict[str, float]:
@@ -104,6 +108,7 @@ def rm_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> di
         return loss
 
     h.forward_backward(rows, loss_fn, micro)
+    lr = scheduled_step(h, ctx, 0)
     stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
     chosen = side(part, "chosen_").data
     scores = h.values(chosen["input_ids"], chosen["attention_mask"], min(place.micro_batches, len(part)))
@@ -112,6 +117,7 @@ def rm_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> di
     stats.add("chosen_score", _last_values(scores, chosen).sum() / denom)
     out = {f"rm/{k}": v for k, v in reduce_stats(stats, place).items()}
     out["reward/mean"] = out.pop("rm/chosen_score")
+    out["optim/lr"] = lr
     return out
 
 
@@ -145,7 +151,7 @@ def dpo_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -> d
         return loss
 
     h.forward_backward(rows, loss_fn, micro)
-    return _finish(h, stats, place, "dpo")
+    return _finish(h, stats, place, "dpo", ctx)
 
 
 OFFLINE_CALLS: dict[str, dict[str, Callable]] = {

@@ -11,6 +11,8 @@ tokens (prompt and padding excluded).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -36,18 +38,89 @@ def masked_sum_over(x: torch.Tensor, mask: torch.Tensor, denom: float) -> torch.
     return (x * mask).sum() / denom
 
 
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+RATIOS = ("token", "sequence")
+LOG_RATIO_CLAMP = 20.0  # verl clamps log(pi/pi_old) to +-20 before exp, so one token cannot give inf
+SEQ_LOG_RATIO_MAX = 10.0  # GSPO's sequence log-ratio is capped at 10 (verl's compute_policy_loss_gspo)
+
+
+@dataclass(frozen=True)
+class Norm:
+    """Counts of the WHOLE mini-batch an aggregate divides by: response tokens, sequences, and the
+    run's fixed response width N (Dr. GRPO's constant normaliser)."""
+
+    tokens: float
+    seqs: float = 1.0
+    width: float = 1.0
+
+
+def aggregate(x: torch.Tensor, mask: torch.Tensor, norm: Norm | float, mode: str = "token-mean") -> torch.Tensor:
+    """Per-token losses x [B, N] -> this micro-batch's share of the mini-batch loss (verl's agg_loss):
+
+        token-mean               sum_{i,t} m x / tokens
+        seq-mean-token-mean      sum_i (sum_t m x / |y_i|) / seqs
+        seq-mean-token-sum       sum_{i,t} m x / seqs
+        seq-mean-token-sum-norm  sum_{i,t} m x / (seqs * N)      (Dr. GRPO)
+
+    Every mode is a sum over rows of a row-local term divided by a whole-mini-batch count, so the
+    micro-batch / rank split changes only the summation order. ``norm`` a float = token count."""
+    if not isinstance(norm, Norm):
+        norm = Norm(tokens=float(norm))
+    if mode == "token-mean":
+        return (x * mask).sum() / norm.tokens
+    if mode == "seq-mean-token-mean":
+        return ((x * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / norm.seqs
+    if mode == "seq-mean-token-sum":
+        return (x * mask).sum() / norm.seqs
+    if mode == "seq-mean-token-sum-norm":
+        return (x * mask).sum() / (norm.seqs * norm.width)
+    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(LOSS_AGGS)}")
+
+
+def log_ratio(logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor, kind: str = "token") -> torch.Tensor:
+    """log of the importance ratio [B, N].
+
+    token:    clamp(logp_t - logp_old_t, -20, 20)
+    sequence: GSPO (Zheng et al. 2025), log s_i = mean_t (logp_t - logp_old_t) over the response,
+              written per token as logp_t - sg(logp_t) + sg(log s_i): the value is log s_i on every
+              token, the gradient is that of logp_t (GSPO-token); capped at 10 as verl does."""
+    if kind == "token":
+        return (logp - logp_old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if kind == "sequence":
+        seq = ((logp - logp_old) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return (logp - logp.detach() + seq.detach()[:, None]).clamp(max=SEQ_LOG_RATIO_MAX)
+    raise ValueError(f"unknown ratio {kind!r}; choose one of {', '.join(RATIOS)}")
+
+
 def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                clip: float, denom: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's clipped surrogate (Schulman et al. 2017), per token:
-        L_t = -min(r_t A_t, clip(r_t, 1 - clip, 1 + clip) A_t),  r_t = exp(logp_t - logp_old_t).
-    All [B, N]. Returns (loss, sums for stats: clipped tokens, approx KL to the old policy)."""
-    ratio = torch.exp(logp - logp_old)
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
-    loss = masked_sum_over(-torch.minimum(unclipped, clipped), mask, denom)
+                clip: float, denom: Norm | float, clip_high: float | None = None, dual_clip: float = 0.0,
+                ratio: str = "token", agg: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped surrogate (Schulman et al. 2017) with the variants verl offers, per token:
+
+        r_t  = exp(log_ratio)                     (``ratio``: token, or GSPO's sequence ratio)
+        L_t  = max(-A_t r_t, -A_t clip(r_t, 1 - clip, 1 + clip_high))   (DAPO's clip-higher)
+        L_t  = min(L_t, c |A_t|)  where A_t < 0, if dual_clip = c > 1    (Ye et al. 2020, dual-clip)
+
+    aggregated by ``agg`` over the mask (see ``aggregate``). All [B, N]. Returns (loss, sums for
+    stats, token-mean: clipped tokens, dual-clipped tokens, approx KL to the old policy)."""
+    hi = clip if clip_high is None else clip_high
+    lr = log_ratio(logp, logp_old, mask, ratio)
+    r = torch.exp(lr)
+    l1 = -adv * r
+    l2 = -adv * r.clamp(1.0 - clip, 1.0 + hi)
+    per_token = torch.maximum(l1, l2)
+    dual = torch.zeros_like(per_token, dtype=torch.bool)
+    if dual_clip > 0.0:
+        cap = -adv * dual_clip  # = c |A| where A < 0
+        dual = (adv < 0) & (per_token > cap)
+        per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
+    loss = aggregate(per_token, mask, denom, agg)
+    tokens = denom.tokens if isinstance(denom, Norm) else float(denom)
     with torch.no_grad():
-        stats = {"clipfrac": masked_sum_over((clipped < unclipped).float(), mask, denom),
-                 "approx_kl": masked_sum_over(0.5 * (logp - logp_old).pow(2), mask, denom)}
+        stats = {"clipfrac": masked_sum_over((l2 > l1).float(), mask, tokens),
+                 "approx_kl": masked_sum_over(0.5 * (logp - logp_old).pow(2), mask, tokens)}
+        if dual_clip > 0.0:
+            stats["dual_clipfrac"] = masked_sum_over(dual.float(), mask, tokens)
     return loss, stats
 
 

@@ -10,13 +10,13 @@ SEQ_KEYS = ("input_ids", "attention_mask", "response_mask")
 PAIR_KEYS = tuple(f"{s}_{k}" for s in ("chosen", "rejected") for k in SEQ_KEYS)
 FIELDS: dict[str, tuple[str, ...]] = {
     "prompts": ("prompt_ids", "prompt_mask", "sample_seed"),
-    "answers": ("answer_ids",),
+    "answers": ("answer_ids", "row_id"),
     "seqs": SEQ_KEYS,
     "seqs_greedy": tuple(f"{k}_greedy" for k in SEQ_KEYS),
     "logp_old": ("logp_old",),
     "logp_ref": ("logp_ref",),
     "values": ("values",),
-    "scores": ("scores",),
+    "scores": ("scores", "score_parts"),
     "scores_greedy": ("scores_greedy",),
     "sft_seqs": SEQ_KEYS,
     "pairs": PAIR_KEYS,

@@ -13,10 +13,20 @@ from .batch import Batch
 
 
 def generation_config(cfg: Config, tok, greedy: bool = False) -> GenerationConfig:
-    """The run's sampling settings (or greedy decoding) for gen_len new tokens."""
+    """The run's sampling settings (or greedy decoding) for gen_len new tokens, stopping at EOS, or
+    at the chat template's end-of-turn token under data.chat_template."""
     return GenerationConfig(max_new_tokens=cfg.data.gen_len, greedy=greedy, temperature=cfg.gen.temperature,
-                            top_k=cfg.gen.top_k, top_p=cfg.gen.top_p, eos_token_id=tok.eos_token_id,
+                            top_k=cfg.gen.top_k, top_p=cfg.gen.top_p, eos_token_id=stop_token_id(cfg, tok),
                             pad_token_id=tok.pad_token_id)
+
+
+def stop_token_id(cfg: Config, tok) -> int | None:
+    """The token that ends a response: the chat template's end of turn (data.chat_template), else EOS."""
+    if cfg.data.chat_template and cfg.models.actor.path:
+        from ..data.chat import end_of_turn_id
+
+        return end_of_turn_id(cfg.models.actor.path, tok)
+    return tok.eos_token_id
 
 
 def pack_generation(out, p_ids: torch.Tensor, p_mask: torch.Tensor, n: int, pad: int) -> dict[str, torch.Tensor]:

@@ -73,9 +73,12 @@ def role_lr(cfg: Config, role: str) -> tuple[float, tuple[tuple[str, float], ...
 
 
 def warms_up(cfg: Config) -> bool:
-    """Whether the run starts with the demo's quick SFT: RL, DPO and the reward model (initialised
-    from the SFT model, as in InstructGPT) on the built-in preset, unless sft.warmup is off."""
-    return cfg.algo != "sft" and cfg.models.actor.path is None and bool(cfg.sft.warmup)
+    """Whether the run starts with a quick SFT: RL, DPO and the reward model (initialised from the
+    SFT model, as in InstructGPT) on a preset actor, on the demo's data or the user's sft.path, unless
+    sft.warmup is off (meshrl/algo/inputs.py: warmup_plan)."""
+    from .inputs import warmup_plan
+
+    return warmup_plan(cfg)[0] is not None
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -117,9 +120,16 @@ def prompt_records(cfg: Config) -> list[dict[str, str]]:
     return demo.prompts()
 
 
-def sft_records(cfg: Config) -> list[dict[str, str]]:
-    if cfg.data.path and cfg.algo == "sft":
+def sft_records(cfg: Config, warmup: bool = False) -> list[dict[str, str]]:
+    """SFT demonstrations: algo=sft's data.path, the warm-up's sft.path, else (a run with no data of
+    its own) the demo's. A user's run never gets the demo's (the warm-up is skipped instead)."""
+    if cfg.data.path and cfg.algo == "sft" and not warmup:
         return read_jsonl(cfg.data.path, "sft")
+    if cfg.sft.path and warmup:
+        return read_jsonl(cfg.sft.path, "sft")
+    if cfg.data.path:
+        raise UserError(f"no SFT data for this run: data.path={cfg.data.path} holds your task, and the demo's "
+                        "demonstrations are never mixed in; set sft.path=FILE.jsonl")
     return demo.sft_records(cfg.train.seed, DEMO_SFT_RECORDS)
 
 
@@ -131,8 +141,18 @@ def pair_records(cfg: Config, heldout: bool = False) -> list[dict[str, str]]:
                                    DEMO_HELDOUT_PAIRS if heldout else DEMO_PAIRS, heldout=heldout)
 
 
-def encode_prompt_batch(cfg: Config, tok, records: list[dict[str, str]]) -> Batch:
-    return Batch(encode_prompts(tok, records, cfg.data.prompt_len, cfg.data.gen_len))
+def encode_prompt_batch(cfg: Config, tok, records: list[dict]) -> Batch:
+    """Prompt records -> the prompt batch, through the actor checkpoint's chat template when
+    data.chat_template is on."""
+    template = None
+    if cfg.data.chat_template:
+        from ..data.chat import load_chat_template
+
+        template = load_chat_template(cfg.models.actor.path)
+    elif any("prompt" not in r for r in records):
+        raise UserError("a record has \"messages\" but no \"prompt\": set data.chat_template=true to render "
+                        "messages through the model's chat template")
+    return Batch(encode_prompts(tok, records, cfg.data.prompt_len, cfg.data.gen_len, template))
 
 
 def encode_sft_batch(cfg: Config, tok, records: list[dict[str, str]]) -> Batch:

@@ -20,16 +20,19 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..observe.metrics import MetricsWriter, summary_line
+from ..observe.metrics import MetricsWriter, no_signal_note, summary_line
 from .calls import Place, generate_rows, implementation, row_wise, score_rows
 from .calls_offline import sft_train
 from .handles import LocalHandle
 from . import setup
 from .batch import Batch
 from .common import CallContext, Role, key_seed, keyed_generator, make_optimizer
+from .evaluate import eval_due, evaluate_local
+from .filtering import prompts_per_iteration
 from .graph import Graph, graph_for
 from .kl import kl_estimate
 from .registry import side, tensor_keys
+from .user_rewards import part_names
 
 RL_ALGOS = ("ppo", "grpo", "remax", "rloo")
 CONSOLE_KEYS = {
@@ -89,17 +92,22 @@ def choose_rows(n_data: int, n: int, *key: object) -> torch.Tensor:
 def rollout_batch(prompts: Batch, cfg: Config, iteration: int) -> Batch:
     """The iteration's prompts, each repeated samples_per_prompt times (prompt-major), with the
     sampling seed of every (prompt, sample): same tokens whatever the split or batch order."""
-    b, n, seed = cfg.data.batch_size, cfg.data.samples_per_prompt, cfg.train.seed
+    b, n, seed = prompts_per_iteration(cfg), cfg.data.samples_per_prompt, cfg.train.seed
     rows = choose_rows(len(prompts), b, seed, "prompts", iteration).repeat_interleave(n)
     sample = torch.arange(n).repeat(b)
     seeds = torch.tensor([key_seed(seed, iteration, int(p), int(s)) for p, s in zip(rows, sample, strict=True)])
     return Batch(prompts.select(rows).data).with_(sample_seed=seeds)
 
 
-def rollout_metrics(batch: Batch) -> dict[str, float]:
+def rollout_metrics(batch: Batch, cfg: Config | None = None) -> dict[str, float]:
+    """Figures of the iteration's generated batch (all of it, also under data.filter_groups): reward
+    mean/std, each reward source as reward/NAME (reward.fn, overlong), response length, KL."""
     mask = batch["response_mask"].float()
     out = {"reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
-           "response/length": float(mask.sum(-1).mean())}
+           "response/length": float(mask.sum(-1).mean()), "response/length_max": float(mask.sum(-1).max())}
+    if cfg is not None and "score_parts" in batch:
+        for name, col in zip(part_names(cfg), batch["score_parts"].float().unbind(1), strict=True):
+            out[f"reward/{name}"] = float(col.mean())
     if "logp_ref" in batch:
         out["kl/k1"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k1") * mask).sum(-1).mean())
         out["kl/k3"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k3") * mask).sum(-1).mean())
@@ -113,7 +121,8 @@ def eval_policy(actor: LocalHandle, prompts: Batch, cfg: Config, tok, iteration:
     ctx = CallContext(cfg, iteration, tok, algo="ppo")
     b = rollout_batch(prompts, cfg, iteration)
     seqs = generate_rows(actor, b, ctx, local_place(cfg))
-    return {"reward/mean": float(score_rows(None, seqs.with_(answer_ids=b["answer_ids"]), ctx, local_place(cfg))
+    return {"reward/mean": float(score_rows(None, seqs.with_(answer_ids=b["answer_ids"], row_id=b["row_id"]), ctx,
+                                            local_place(cfg))
                                  ["scores"].mean())}
 
 
@@ -121,7 +130,7 @@ def warmup_sft(actor: torch.nn.Module, cfg: Config, tok, log: Callable[[str], No
     """The demo's quick SFT on noisy demonstrations, before RL starts from a random preset."""
     from tqdm import tqdm
 
-    data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg))
+    data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg, warmup=True))
     h = LocalHandle(actor, make_optimizer(actor, cfg.sft.lr, cfg.optim.weight_decay), cfg.optim.grad_clip)
     records = []
     bar = tqdm(range(cfg.sft.steps), desc="SFT warm-up", disable=not progress, leave=False)
@@ -130,7 +139,8 @@ def warmup_sft(actor: torch.nn.Module, cfg: Config, tok, log: Callable[[str], No
         st = sft_train(h, Batch(data.select(rows).data), CallContext(cfg, step, tok, algo="sft"), local_place(cfg))
         records.append({"step": step, **st})
         bar.set_postfix(loss=f"{st['sft/loss']:.3f}")
-    log(f"SFT warm-up: {cfg.sft.steps} steps of {cfg.sft.batch_size} noisy demonstrations, "
+    what = f"demonstrations from {cfg.sft.path}" if cfg.sft.path else "noisy demonstrations"
+    log(f"SFT warm-up: {cfg.sft.steps} steps of {cfg.sft.batch_size} {what}, "
         f"loss {records[0]['sft/loss']:.3f} -> {records[-1]['sft/loss']:.3f}")
     return records
 
@@ -183,19 +193,22 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
     handles = handles_for(roles, cfg)
     graph = graph_for(algo, cfg.data.samples_per_prompt)
     log(f"{algo}: calls {' -> '.join(graph.names)}")
-    prompts = setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg))
+    # the demo's prompts, for the sft/dpo demo's own evaluation only (never with a user's data)
+    prompts = setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg)) if cfg.data.path is None else None
     data, heldout = dataset(cfg, tok), None
     if algo in ("rm", "dpo") and cfg.data.path is None:  # the demo's held-out pairs; a user's JSONL has none
         heldout = setup.encode_pair_batch(cfg, tok, setup.pair_records(cfg, heldout=True))
     writer = MetricsWriter(out, tensorboard) if out is not None else None
     keys = console_keys(algo)
     bar = tqdm(range(cfg.train.iterations), desc=algo, disable=not progress)
+    noted = False  # the no-signal note is given once
     for it in bar:
         t0 = time.perf_counter()
+        evaluated = evaluate_local(handles["actor"], cfg, tok, it) if eval_due(cfg, it) and "actor" in handles else {}
         ctx = CallContext(cfg, it, tok)
         batch = iteration_batch(data, cfg, it)
         batch, stats = run_graph(graph, handles, batch, ctx)
-        record = {"iteration": it, **(rollout_metrics(batch) if algo in RL_ALGOS else {}), **stats}
+        record = {"iteration": it, **(rollout_metrics(batch, cfg) if algo in RL_ALGOS else {}), **stats, **evaluated}
         if algo in ("sft", "dpo") and cfg.data.path is None:
             record.update(eval_policy(handles["actor"], prompts, cfg, tok, it))
         if algo == "rm" and heldout is not None and (it % 10 == 0 or it == cfg.train.iterations - 1):
@@ -206,6 +219,10 @@ def train(cfg: Config, out: str | Path | None, log: Callable[[str], None] = prin
         if writer is not None:
             writer.write(record)
         bar.write(summary_line(record, keys)) if progress else log(summary_line(record, keys))
+        note = no_signal_note(record) if not noted else None
+        if note:
+            noted = True
+            bar.write(note) if progress else log(note)
         if "reward/mean" in record:
             bar.set_postfix(reward=f"{record['reward/mean']:.3f}")
     if writer is not None:

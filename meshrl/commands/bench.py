@@ -22,11 +22,12 @@ def _realloc_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="src", required=True, metavar="LAYOUT@RANKS", help="e.g. dp2tp2pp1@0-3")
     p.add_argument("--to", dest="dst", required=True, metavar="LAYOUT@RANKS", help="e.g. dp4tp1pp1@4-7")
     p.add_argument("--value-head", action="store_true", help="a value model (score head instead of lm_head)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
+                   help="parameter dtype moved (default bf16)")
     p.add_argument("--bucket-mb", type=float, default=32.0, help="bucket size per link and round (MiB)")
     p.add_argument("--repeat", type=int, default=5, help="interleaved timed runs; medians are reported")
     p.add_argument("--p2p-mb", type=float, default=256.0, help="message size of the p2p measurement (MiB)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the model's random weights (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds any rank may take per step")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -123,7 +124,7 @@ BENCHES: dict[str, Bench] = {
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="benchmarks measured against the hardware limit",
                               description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="bench", metavar="BENCH")
+    sub = p.add_subparsers(dest="bench", metavar="BENCH", help="the benchmark to run")
     for name, (help_, add_args, _) in BENCHES.items():
         add_args(sub.add_parser(name, help=help_, description=help_))
 

@@ -22,13 +22,13 @@ from ..errors import UserError
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("check", help="check this machine: parallel layouts against one process")
-    sub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
+    sub = p.add_subparsers(dest="what", metavar="WHAT", required=True, help="what to check")
     q = sub.add_parser("parallel", help="every dp x tp x pp layout on N local ranks vs one process")
     q.add_argument("--nprocs", type=int, required=True, help="local ranks to start")
     q.add_argument("--model", default="tiny", help="model preset (default: tiny) or checkpoint directory")
     q.add_argument("--layout", action="append", metavar="LAYOUT@RANKS",
                    help="check only these placements (repeatable), e.g. dp2tp2pp1@0-3")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=int, default=0, help="seed of the probe model and batch (default 0)")
     q.add_argument("--timeout", type=float, default=300.0, help="seconds a layout may take")
     q.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     except RankError as e:
         print(f"meshrl check: a rank failed: {e}", file=sys.stderr)
         return 1
-    ok = all(r["ok"] for r in results)
+    ok = bool(results) and all(r["ok"] for r in results)  # no layout run is no evidence
     if args.json:
         print(json.dumps({"model": args.model, "tolerance": TOLERANCE, "results": results,
                           "skipped": [{"placement": p, "reason": why} for p, why in skipped], "ok": ok}))
@@ -109,8 +109,14 @@ def run(args: argparse.Namespace) -> int:
 def _print_row(r: dict) -> None:
     ranks = r["ranks"]
     where = f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
-    print(f"{r['layout']:>11}@{where:<5} logits {r['logits_max_rel_diff']:.1e}  logprobs "
-          f"{r['logprobs_max_rel_diff']:.1e}  grads {r['grads_max_rel_diff']:.1e}  params "
-          f"{r['params_max_rel_diff']:.1e}  greedy {'equal' if r['generate_equal'] else 'DIFFERENT'}  "
+    print(f"{r['layout']:>11}@{where:<5} logits {_num(r['logits_max_rel_diff'])}  logprobs "
+          f"{_num(r['logprobs_max_rel_diff'])}  grads {_num(r['grads_max_rel_diff'])}  params "
+          f"{_num(r['params_max_rel_diff'])}  greedy {'equal' if r['generate_equal'] else 'DIFFERENT'}  "
           f"sampled {'equal' if r['sample_equal'] else 'DIFFERENT'}  "
           f"{'ok' if r['ok'] else 'FAIL'}  ({r['seconds']:.1f} s)", flush=True)
+    for what in r.get("missing", []):
+        print(f"    missing: {what}")
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1e}"

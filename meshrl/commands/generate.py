@@ -22,13 +22,14 @@ def add_parser(subparsers) -> None:
                               description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="checkpoint directory, or a preset name (random weights)")
     p.add_argument("--prompt", required=True, help="text to complete")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=32, help="most tokens to generate (default 32)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the same seed gives the same text)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="dtype the model runs in (default float32)")
 
 
 def _load(model_arg: str, dtype):

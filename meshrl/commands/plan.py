@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from ..errors import UserError
+from ..plan.search import DEFAULT_STEPS
+
+
+BARE_HINT = ("(no config given: the built-in demo's models on this machine's one device; to plan a cluster, "
+             "name it, e.g. meshrl plan cluster.device=h100-80g cluster.nodes=8 cluster.devices_per_node=8 "
+             "models.actor=llama2-70b models.ref=llama2-70b models.critic=llama2-7b models.reward=llama2-7b)")
 
 
 def add_parser(subparsers) -> None:
@@ -25,12 +32,20 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--trace", metavar="FILE", help="write the chosen plan's simulated Chrome trace here")
     p.add_argument("--gantt", metavar="FILE.png", help="write the chosen plan's Gantt chart here")
-    p.add_argument("--budget", type=float, default=5.0, help="search time budget in seconds (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="search random seed")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help=f"search budget in plan evaluations (default {DEFAULT_STEPS}); with --seed it fixes the "
+                   "plan: the same command gives the same plan on any machine")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="optional wall-clock cap on the search (then the plan can depend on the machine's speed)")
+    p.add_argument("--seed", type=int, default=0, help="search random seed (default 0)")
     p.add_argument("--async", dest="async_gen", type=int, choices=(0, 1), default=None,
                    help="1: generation runs one iteration ahead of training (one step off-policy)")
     p.add_argument("--profile", metavar="FILE", help="measured profile for cluster.device=cpu "
                    "(default $MESHRL_PROFILE or ~/.cache/meshrl/profile-cpu.json)")
+    p.add_argument("--calibrate", metavar="OUT/", help="refit each call's cost from the run in OUT/ (its "
+                   "config.yaml, plan.json, metrics.jsonl), print predicted against measured per call, re-plan")
+    p.add_argument("--lengths-from", metavar="OUT/", help="price responses at the lengths an earlier run "
+                   "measured (its metrics.jsonl: response/length, response/length_max) instead of data.gen_len")
     p.add_argument("--save", metavar="FILE.json", help="write the chosen plan here (meshrl train --plan FILE)")
     p.add_argument("--validate", action="store_true", help="run the chosen plan on this machine's CPU ranks "
                    "(cluster.device=cpu) and print predicted against measured time per call and iteration")
@@ -42,32 +57,61 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import load_config
+    from ..plan.fallback import planning_config
     from ..plan.problem import problem_from_config
     from ..plan.report import NAMES, comparison_table, compare, explain, plan_table
     from .train import split_items
 
-    if args.budget <= 0:
-        raise UserError(f"--budget must be positive, got {args.budget}")
+    steps = DEFAULT_STEPS if args.steps is None else args.steps
+    if steps < 1:
+        raise UserError(f"--steps must be >= 1, got {steps}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise UserError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
     names = list(NAMES) if args.strategy == "all" else [args.strategy]
     if names[0] not in NAMES:
         raise UserError(f"unknown strategy {args.strategy!r}; known: {', '.join(NAMES)}, all")
     config, overrides = split_items(args.items)
+    if args.calibrate:
+        if config:
+            raise UserError(f"--calibrate reads the run's own config ({args.calibrate}/config.yaml); "
+                            f"drop {config} (key=value overrides are allowed)")
+        return calibrate(args, names, overrides, steps)
     cfg = load_config(config, overrides)
     if args.validate:
         check_validate(cfg, args)
-    problem = problem_from_config(cfg, args.profile, args.async_gen)
-    results, search_s = compare(problem, names, args.budget, args.seed)
+    if args.lengths_from:
+        from ..plan.lengths import apply_lengths
+
+        mean, longest = apply_lengths(cfg, args.lengths_from)
+        if not args.json:
+            print(f"response lengths from {args.lengths_from}: mean {mean:.1f}, longest of a batch "
+                  f"{'not recorded (taken as data.gen_len)' if longest is None else f'{longest:.1f}'} "
+                  f"(data.gen_len = {cfg.data.gen_len})")
+    # --validate compares with this machine, so it needs its measured profile; otherwise the
+    # planner's one fallback for a CPU without one (meshrl/plan/fallback.py, as `train --nprocs`)
+    pcfg, note = (cfg, "") if args.validate else planning_config(cfg, args.profile)
+    problem = problem_from_config(pcfg, args.profile, args.async_gen)
+    results, search_s = compare(problem, names, steps, args.seed, args.time_limit)
     chosen = "search" if "search" in results else names[0]
     res = results[chosen]
     for path in (args.trace, args.gantt, args.save):
         if path and Path(path).parent and not Path(path).parent.exists():
             raise UserError(f"cannot write {path}: directory {Path(path).parent} does not exist")
+    wrote = []
     if args.trace:
         Path(args.trace).write_text(json.dumps(res.timeline.to_chrome_trace()))
+        wrote.append(f"wrote {args.trace}: the {chosen} plan's simulated iteration as a Chrome trace "
+                     "(open it in https://ui.perfetto.dev)")
     if args.gantt:
         res.timeline.save_gantt(args.gantt)
+        wrote.append(f"wrote {args.gantt}: the {chosen} plan's Gantt chart")
     if args.save:
         Path(args.save).write_text(res.plan.to_json())
+        wrote.append(f"wrote {args.save}: the {chosen} plan (meshrl train --plan {args.save})")
+    for line in ([note] if note else []) + (wrote if args.json else []):  # --json: stdout holds only JSON
+        print(line, file=sys.stderr if args.json else sys.stdout)
+    if not args.items and not args.json:
+        print(BARE_HINT)
     if args.json and args.validate:
         return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks, as_json=True)
     if args.json:
@@ -86,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"(search: {search_s:.1f} s)")
     print()
     print(explain(problem, results, chosen))
+    for line in wrote:
+        print(line)
     if args.validate:
         return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks)
     return 0
@@ -141,3 +187,49 @@ def validate(cfg, problem, plan, iterations: int, max_ranks: int, as_json: bool 
     if rule_calls(cfg, plan):
         print(f"({', '.join(rule_calls(cfg, plan))}: a rule reward, no model; the estimator prices a model there)")
     return 0
+
+
+def calibrate(args: argparse.Namespace, names: list[str], overrides: list[str], steps: int) -> int:
+    """--calibrate OUT/: the run's plan priced before and after refitting each call's cost from the
+    run's measurements, then the strategies and the search under the refitted costs."""
+    from ..config import load_config
+    from ..plan.calibrate import read_run, refit, scales_table
+    from ..plan.problem import problem_from_config
+    from ..plan.report import comparison_table, compare, plan_table
+    from ..plan.validate import table
+    from ..runtime.validate import rule_calls
+
+    cfg_path, run_plan, records = read_run(args.calibrate)
+    cfg = load_config(str(cfg_path), overrides)
+    c = run_plan.cluster  # the plan knows the cluster the run had (a --nprocs run's config may not)
+    cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device = c.nodes, c.devices_per_node, c.device
+    if args.lengths_from:
+        from ..plan.lengths import apply_lengths
+
+        apply_lengths(cfg, args.lengths_from)
+    problem = problem_from_config(cfg, args.profile, run_plan.async_gen)
+    unmodelled = rule_calls(cfg, run_plan)
+    fit = refit(problem, run_plan, records, unmodelled)
+    before = fit.rows[-1].predicted
+    print(f"run in {args.calibrate}: {len(records)} iterations of plan '{run_plan.strategy}' on {c.size} "
+          f"{c.device} ranks; predicted (before the refit) against measured, medians after iteration 0:")
+    print(table(fit.rows))
+    print("\nrefitted cost per call (measured / predicted), applied to every layout the search tries:")
+    print(scales_table(fit.scales))
+    results, search_s = compare(fit.problem, names, steps, args.seed, args.time_limit)
+    chosen = "search" if "search" in results else names[0]
+    res = results[chosen]
+    now = fit.run_plan_s(run_plan)
+    print(f"\nthe run's plan under the refitted costs: {now:.4f} s per iteration (predicted before: {before:.4f}, "
+          f"measured: {fit.rows[-1].measured:.4f})")
+    print(f"\nre-planned ({chosen}):")
+    print(plan_table(fit.problem, res.plan))
+    print()
+    print(comparison_table(results))
+    gain = now / res.iteration_s if res.iteration_s > 0 else float("nan")
+    print(f"\n{chosen}: {res.iteration_s:.4f} s per iteration against {now:.4f} s for the run's plan "
+          f"(gain {gain:.2f}x, refitted costs)")
+    if args.save:
+        Path(args.save).write_text(res.plan.to_json())
+    return 0
+

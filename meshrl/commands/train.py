@@ -25,8 +25,11 @@ DEMO_DEFAULTS: dict[str, list[str]] = {
 
 
 def add_parser(subparsers) -> None:
+    from .config_help import config_epilog
+
     p = subparsers.add_parser("train", help="train with an RLHF algorithm (no arguments: the CPU demo)",
-                              description=__doc__)
+                              description=__doc__, epilog=config_epilog(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_arguments(p)
     # argparse cannot take positionals on both sides of an option inside a subcommand, so the
     # rest of the line is re-parsed in run() with parse_intermixed_args.
@@ -45,6 +48,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="colocated | interleaved | disaggregated | heuristic | search | a plan file "
                    "(default with --nprocs: colocated)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (without it, an existing run is refused)")
 
 
 def _reparse(args: argparse.Namespace) -> argparse.Namespace:
@@ -57,7 +62,7 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(items=args.items + more.items, out=more.out or args.out,
                               no_progress=args.no_progress or more.no_progress,
                               nprocs=more.nprocs or args.nprocs, plan=more.plan or args.plan,
-                              resume=args.resume or more.resume)
+                              resume=args.resume or more.resume, overwrite=args.overwrite or more.overwrite)
 
 
 def split_items(items: list[str]) -> tuple[str | None, list[str]]:
@@ -86,6 +91,8 @@ def sizes_line(cfg) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import dump_yaml, load_config
+    from ..algo.inputs import check_inputs, warmup_plan
+    from .rundir import check_out, check_resume_config, clear_run
 
     args = _reparse(args)
     config, overrides = split_items(args.items)
@@ -94,16 +101,23 @@ def run(args: argparse.Namespace) -> int:
     if is_demo:  # the demo's sizes for this algorithm, then the user's overrides on top
         cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
     out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a directory")
-    for key, spec in vars(cfg.models).items():
-        if spec.path is not None and not Path(spec.path).is_dir():
-            raise UserError(f"models.{key}.path: no checkpoint directory at {spec.path}")
+    check_out(out, args.resume, args.overwrite)
+    if args.resume:
+        check_resume_config(out, cfg)
+    if args.nprocs is not None and args.nprocs < 1:
+        raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")
+    check_inputs(cfg)  # every model, dataset and rule now, before any warm-up or rank starts
+    check_plan_spec(cfg, args.plan, args.nprocs or 1)
+    if args.overwrite:
+        clear_run(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_yaml(cfg))
 
     import torch
 
+    note = warmup_plan(cfg)[1]
+    if note:
+        print(f"note: {note}")
     if args.nprocs is not None or args.plan is not None or args.resume:
         return run_distributed(cfg, args, out)
     from ..algo.trainer import train
@@ -122,6 +136,25 @@ def run(args: argparse.Namespace) -> int:
     print(f"outputs in {out}/: config.yaml, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
           f"{result.model_dir.name}/ (Hugging Face checkpoint)")
     return 0
+
+
+def check_plan_spec(cfg, spec: str | None, world: int) -> None:
+    """``--plan``: a strategy name, or a plan file that exists, parses and fits this run (checked
+    before anything is written; under torchrun the world is the job's)."""
+    import os
+
+    from ..plan.strategies import BUILDERS
+
+    if spec is None or spec in BUILDERS or spec == "search":
+        return
+    if not Path(spec).is_file():
+        if spec.endswith(".json") or "/" in spec or Path(spec).exists():
+            raise UserError(f"--plan: plan file not found: {spec}")
+        raise UserError(f"--plan: unknown strategy {spec!r}; known: {', '.join([*BUILDERS, 'search'])}, "
+                        "or a plan file (FILE.json)")
+    from ..runtime.plans import resolve_plan
+
+    resolve_plan(cfg, spec, int(os.environ.get("WORLD_SIZE", world)))
 
 
 def run_distributed(cfg, args: argparse.Namespace, out: Path) -> int:

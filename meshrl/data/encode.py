@@ -56,12 +56,23 @@ def right_pad(rows: list[list[int]], width: int, pad: int) -> tuple[torch.Tensor
     return ids, mask
 
 
-def encode_prompts(tok, records: list[dict[str, str]], prompt_len: int, answer_len: int
+def encode_prompts(tok, records: list[dict], prompt_len: int, answer_len: int, template=None
                    ) -> dict[str, torch.Tensor]:
-    """Prompt records -> prompt_ids, prompt_mask [B, P]; answer_ids [B, answer_len] (bytes of the
-    answer, pad-filled; all pad when a record has no answer)."""
+    """Prompt records -> prompt_ids, prompt_mask [B, P]; answer_ids [B, answer_len] (tokens of the
+    answer, pad-filled; all pad when a record has no answer); row_id [B] (the record's index, for
+    reward functions that read the record). ``template`` (a data.chat.ChatTemplate): each record is
+    rendered through it ({"messages"} or {"prompt"}) and encoded as is (the template writes any BOS)."""
     pad = tok.pad_token_id
-    prompts = [encode_prompt(tok, r["prompt"], prompt_len, f"prompt {i}") for i, r in enumerate(records)]
+    prompts = []
+    for i, r in enumerate(records):
+        if template is None:
+            prompts.append(encode_prompt(tok, r["prompt"], prompt_len, f"prompt {i}"))
+            continue
+        ids = _plain(tok, template.render(r))
+        if len(ids) > prompt_len:
+            raise UserError(f"prompt {i}: rendered through the chat template it is {len(ids)} tokens, more than "
+                            f"data.prompt_len={prompt_len}")
+        prompts.append(ids)
     answers = []
     for i, r in enumerate(records):
         a = _plain(tok, r.get("answer", ""))
@@ -70,7 +81,8 @@ def encode_prompts(tok, records: list[dict[str, str]], prompt_len: int, answer_l
         answers.append(a)
     p_ids, p_mask = left_pad(prompts, prompt_len, pad)
     a_ids, _ = right_pad(answers, answer_len, pad)
-    return {"prompt_ids": p_ids, "prompt_mask": p_mask, "answer_ids": a_ids}
+    return {"prompt_ids": p_ids, "prompt_mask": p_mask, "answer_ids": a_ids,
+            "row_id": torch.arange(len(records), dtype=torch.long)}
 
 
 def encode_sequences(tok, prompts: list[str], responses: list[str], prompt_len: int, gen_len: int

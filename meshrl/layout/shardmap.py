@@ -11,7 +11,10 @@ Rules (HF parameter names; a slice is (start, stop) per dim):
   the embedding and lm_head (vocabulary-parallel).
 - k_proj / v_proj: split like q when kv_heads >= tp; when tp > kv_heads the KV heads are
   replicated, and tp rank t holds KV head t // (tp // kv_heads): the one its query heads use.
-- TP row-parallel (dim 1): o_proj, down_proj. Norms and ``score`` are replicated.
+- TP row-parallel (dim 1): o_proj, down_proj. Norms (Qwen3's q_norm/k_norm too), MoE routers
+  (``gate``) and ``score`` are replicated.
+- Experts (``...experts.e.*``) are whole tensors sharded over tp: tp rank t holds experts
+  t*E/tp .. (t+1)*E/tp - 1 of every MoE layer (docs/parallel.md, "Experts").
 - DP replicas hold the same slices.
 """
 
@@ -36,10 +39,18 @@ def check_shardable(cfg: ModelConfig, placement: Placement) -> None:
                     ("vocabulary size", cfg.vocab_size)):
         if n % tp:
             raise LayoutError(f"tp={tp} does not divide the model's {what} ({n})")
+    if cfg.num_experts % tp:
+        raise LayoutError(f"tp={tp} does not divide the model's {cfg.num_experts} experts per layer")
     if kv % tp and tp % kv:
         raise LayoutError(f"tp={tp} and the model's {kv} KV heads do not divide one another")
     if pp > cfg.num_hidden_layers:
         raise LayoutError(f"pp={pp} is larger than the model's {cfg.num_hidden_layers} layers")
+
+
+def expert_of(name: str) -> int | None:
+    """The expert id in ``model.layers.i.<moe>.experts.e.<proj>.weight``, else None."""
+    parts = name.split(".")
+    return int(parts[5]) if len(parts) > 6 and parts[4] == "experts" else None
 
 
 def _chunk(n: int, parts: int, idx: int) -> tuple[int, int]:
@@ -83,6 +94,8 @@ class ShardMap:
         if tp == 1:
             return full
         inner = name.split(".", 3)[-1] if name.startswith("model.layers.") else name
+        if expert_of(name) is not None:
+            return full  # whole experts; which rank holds one is slice_of's business
         if name in ("model.embed_tokens.weight", "lm_head.weight") or inner.startswith(_COLUMN):
             return (_chunk(shape[0], tp, tp_idx),) + full[1:]
         if inner.startswith(_ROW):
@@ -102,6 +115,9 @@ class ShardMap:
             return None
         _, tp_idx, pp_idx = self.placement.coords_of(rank)
         if pp_idx not in self.stages_of(name):
+            return None
+        expert = expert_of(name)
+        if expert is not None and expert // (self.cfg.num_experts // self.placement.layout.tp) != tp_idx:
             return None
         return self.tp_slice(name, tp_idx)
 

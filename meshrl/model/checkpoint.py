@@ -83,7 +83,7 @@ def _assign(model: CausalLM | ValueModel, state: dict[str, torch.Tensor]) -> Cau
 
 def init_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """HF's LLaMA init: norms = 1, biases = 0, every other weight ~ N(0, 0.02). float32 on CPU."""
-    if name.endswith("layernorm.weight") or name == "model.norm.weight":
+    if name.endswith("norm.weight"):  # input/post_attention_layernorm, q_norm, k_norm, model.norm
         return torch.ones(shape)
     if name.endswith(".bias"):
         return torch.zeros(shape)
@@ -230,6 +230,15 @@ def _hf_config(model: CausalLM | ValueModel) -> dict:
     return d
 
 
+def _save_file(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
+    """safetensors' save_file, with the permissions of any other file the user writes: it creates
+    its file with mode 0600 whatever the umask, which hides a shared checkpoint from other users."""
+    save_file(tensors, str(path), metadata=meta)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def save_pretrained(model: CausalLM | ValueModel, path: str | os.PathLike,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
     """Write ``config.json`` and ``model.safetensors``, or shards plus an index when the weights
@@ -251,12 +260,12 @@ def save_pretrained(model: CausalLM | ValueModel, path: str | os.PathLike,
     for stale in [root / WEIGHTS_NAME, root / INDEX_NAME, *root.glob("model-*-of-*.safetensors")]:
         stale.unlink(missing_ok=True)  # never leave a mix of old and new weights behind
     if len(shards) == 1:
-        save_file(shards[0], str(root / WEIGHTS_NAME), metadata=meta)
+        _save_file(shards[0], root / WEIGHTS_NAME, meta)
         return
     weight_map = {}
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(root / fname), metadata=meta)
+        _save_file(shard, root / fname, meta)
         weight_map.update({name: fname for name in shard})
     total = sum(t.numel() * t.element_size() for t in state.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}

@@ -1,8 +1,11 @@
-"""Model configuration for the LLaMA / Qwen2 / Mistral family, and pure shape math.
+"""Model configuration for the decoder families meshrl runs, and pure shape math.
 
-Parameter names follow Hugging Face exactly (``model.layers.3.self_attn.q_proj.weight``), so that
-checkpoint I/O is a rename-free copy and the planner's ShardMap speaks the same names as the
-checkpoint on disk. Nothing here touches torch: the planner imports it to size 70B models.
+Families: LLaMA (incl. Llama 3.x RoPE scaling), Qwen2, Mistral, Qwen3 (per-head q/k RMSNorm),
+and the Mixture-of-Experts families Qwen3-MoE and Mixtral. Parameter names follow Hugging Face's
+checkpoint files exactly (``model.layers.3.self_attn.q_proj.weight``,
+``model.layers.3.mlp.experts.5.up_proj.weight``), so that checkpoint I/O is a rename-free copy and
+the planner's ShardMap speaks the same names as the checkpoint on disk. Nothing here touches
+torch: the planner imports it to size 70B models. config.json reading/writing is in hf_config.py.
 """
 
 from __future__ import annotations
@@ -16,11 +19,38 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
+QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
 
 class ConfigError(UserError, ValueError):
     """A model configuration that cannot be built; the message names the culprit."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Rotary-embedding scaling as transformers defines it (modeling_rope_utils.py); None fields
+    take transformers' defaults (see model/rope.py, which computes the frequencies)."""
+
+    rope_type: str  # linear | dynamic | yarn | llama3
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float | None = None  # llama3
+    high_freq_factor: float | None = None  # llama3
+    beta_fast: float | None = None  # yarn
+    beta_slow: float | None = None  # yarn
+    attention_factor: float | None = None  # yarn
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool | None = None  # yarn
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -39,15 +69,30 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: bias on q, k and v projections
-    model_type: str = "llama"  # llama | qwen2 | mistral
+    model_type: str = "llama"  # one of ARCHITECTURES
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2
     pad_token_id: int | None = None
     sliding_window: int | None = None  # accepted for Mistral/Qwen2 configs; see transformer.py
+    rope_scaling: RopeScaling | None = None  # None: plain rotary embeddings
+    # How config.json spelled the rotary settings, so export writes them back the same way:
+    # "rope_scaling" (transformers 4: top-level rope_theta + rope_scaling) or "rope_parameters" (5).
+    rope_format: str = "rope_scaling"
+    # Mixture of experts (num_experts = 0: every layer has a dense MLP)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's MLP width (Mixtral: intermediate_size)
+    norm_topk_prob: bool = True  # renormalise the top-k router probabilities (Mixtral always does)
+    decoder_sparse_step: int = 1  # Qwen3-MoE: layer i is sparse when (i + 1) % step == 0 ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here
+    router_aux_loss_coef: float = 0.001  # kept to write config.json back; training uses ppo.moe_aux_coef
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_attention_heads, 1))
+        if self.model_type == "mixtral" and self.moe_intermediate_size == 0:
+            object.__setattr__(self, "moe_intermediate_size", self.intermediate_size)
+        object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
         self.validate()
 
     def validate(self) -> None:
@@ -66,6 +111,21 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.rope_scaling is not None and self.rope_scaling.rope_type not in ROPE_TYPES[1:]:
+            raise ConfigError(f"unsupported rope scaling type {self.rope_scaling.rope_type!r}; "
+                              f"meshrl supports {list(ROPE_TYPES)}")
+        if self.rope_format not in ("rope_scaling", "rope_parameters"):
+            raise ConfigError(f"rope_format must be 'rope_scaling' or 'rope_parameters', got {self.rope_format!r}")
+        if (self.model_type in MOE_FAMILIES) != (self.num_experts > 0):
+            raise ConfigError(f"model_type {self.model_type!r} with num_experts={self.num_experts}: the "
+                              f"mixture-of-experts families {list(MOE_FAMILIES)} need num_experts > 0, "
+                              "the others 0")
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError(f"num_experts_per_tok={self.num_experts_per_tok} must be in "
+                              f"1..num_experts={self.num_experts}")
+        if self.num_experts and (self.moe_intermediate_size <= 0 or self.decoder_sparse_step <= 0):
+            raise ConfigError("moe_intermediate_size and decoder_sparse_step must be positive, got "
+                              f"{self.moe_intermediate_size} and {self.decoder_sparse_step}")
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -76,105 +136,80 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    @property
+    def qk_norm(self) -> bool:
+        """Qwen3: RMSNorm over head_dim on every query and key head, before the rotation."""
+        return self.model_type in QK_NORM_FAMILIES
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer ``i`` has a sparse MoE block (Qwen3-MoE's rule; Mixtral: every layer)."""
+        return (self.num_experts > 0 and i not in self.mlp_only_layers
+                and (i + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def moe_prefix(self) -> str:
+        """The MoE block's module name inside a layer, as HF's checkpoints spell it."""
+        return "block_sparse_moe" if self.model_type == "mixtral" else "mlp"
+
+    @property
+    def expert_names(self) -> tuple[str, str, str]:
+        """(gate, up, down) projection names inside one expert, as HF's checkpoints spell them."""
+        return ("w1", "w3", "w2") if self.model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
 
-    # ---- HF config.json ---------------------------------------------------------------------
+    # ---- HF config.json (hf_config.py) -----------------------------------------------------
     @classmethod
     def from_hf_dict(cls, d: dict) -> "ModelConfig":
         """Build from a Hugging Face ``config.json`` dict; unknown architectures raise ConfigError."""
-        mt = d.get("model_type")
-        archs = d.get("architectures") or []
-        if mt not in ARCHITECTURES:
-            raise ConfigError(
-                f"unsupported architecture: model_type={mt!r} architectures={archs}; "
-                f"meshrl supports {sorted(ARCHITECTURES.values())}"
-            )
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads") if k not in d]
-        if missing:
-            raise ConfigError(f"config.json lacks required keys {missing}")
-        rope_theta = d.get("rope_theta")
-        if rope_theta is None:  # transformers>=5 nests it under rope_parameters
-            rope_theta = (d.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-        scaling = d.get("rope_scaling") or (d.get("rope_parameters") or {})
-        if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-            raise ConfigError(f"unsupported rope scaling {scaling}; only default rotary embeddings")
-        eos = d.get("eos_token_id")
-        if isinstance(eos, list):
-            eos = eos[0]
-        sw = d.get("sliding_window") if d.get("use_sliding_window", mt == "mistral") else None
-        return cls(
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=d["num_attention_heads"],
-            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-            head_dim=d.get("head_dim") or 0,
-            rope_theta=float(rope_theta),
-            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=d.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", mt == "qwen2")),
-            model_type=mt,
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_id=eos,
-            pad_token_id=d.get("pad_token_id"),
-            sliding_window=sw,
-        )
+        from .hf_config import config_from_hf
+        return config_from_hf(d)
 
     def to_hf_dict(self) -> dict:
-        d = {
-            "architectures": [ARCHITECTURES[self.model_type]],
-            "model_type": self.model_type,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "rope_theta": self.rope_theta,
-            "rms_norm_eps": self.rms_norm_eps,
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "hidden_act": "silu",
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-            "pad_token_id": self.pad_token_id,
-            "torch_dtype": "float32",
-        }
-        if self.model_type == "llama":
-            d["attention_bias"] = self.attention_bias
-            d["mlp_bias"] = False
-        if self.model_type in ("qwen2", "mistral"):
-            d["sliding_window"] = self.sliding_window
-        if self.model_type == "qwen2":
-            d["use_sliding_window"] = self.sliding_window is not None
-        return d
+        from .hf_config import config_to_hf
+        return config_to_hf(self)
+
+
+def layer_param_shapes(cfg: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer ``i``'s parameter names (HF, prefix ``model.layers.i.``) -> shape, in module order."""
+    h, q, kv, f = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    p = f"model.layers.{i}."
+    shapes = {p + "input_layernorm.weight": (h,),
+              p + "self_attn.q_proj.weight": (q, h),
+              p + "self_attn.k_proj.weight": (kv, h),
+              p + "self_attn.v_proj.weight": (kv, h)}
+    if cfg.attention_bias:
+        shapes[p + "self_attn.q_proj.bias"] = (q,)
+        shapes[p + "self_attn.k_proj.bias"] = (kv,)
+        shapes[p + "self_attn.v_proj.bias"] = (kv,)
+    shapes[p + "self_attn.o_proj.weight"] = (h, q)
+    if cfg.qk_norm:
+        shapes[p + "self_attn.q_norm.weight"] = (cfg.head_dim,)
+        shapes[p + "self_attn.k_norm.weight"] = (cfg.head_dim,)
+    shapes[p + "post_attention_layernorm.weight"] = (h,)
+    if cfg.is_moe_layer(i):
+        m, fe = p + cfg.moe_prefix + ".", cfg.moe_intermediate_size
+        gate, up, down = cfg.expert_names
+        shapes[m + "gate.weight"] = (cfg.num_experts, h)
+        for e in range(cfg.num_experts):
+            shapes[f"{m}experts.{e}.{gate}.weight"] = (fe, h)
+            shapes[f"{m}experts.{e}.{up}.weight"] = (fe, h)
+            shapes[f"{m}experts.{e}.{down}.weight"] = (h, fe)
+    else:
+        shapes[p + "mlp.gate_proj.weight"] = (f, h)
+        shapes[p + "mlp.up_proj.weight"] = (f, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, f)
+    return shapes
 
 
 def param_shapes(cfg: ModelConfig, value_head: bool = False) -> dict[str, tuple[int, ...]]:
     """HF parameter name -> shape, in module order. ``value_head`` swaps lm_head for ``score``
     (one scalar per token, shape [1, hidden]) as in HF's ``*ForTokenClassification`` heads."""
-    h, q, kv, f = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    h = cfg.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
     for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (h,)
-        shapes[p + "self_attn.q_proj.weight"] = (q, h)
-        shapes[p + "self_attn.k_proj.weight"] = (kv, h)
-        shapes[p + "self_attn.v_proj.weight"] = (kv, h)
-        if cfg.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (q,)
-            shapes[p + "self_attn.k_proj.bias"] = (kv,)
-            shapes[p + "self_attn.v_proj.bias"] = (kv,)
-        shapes[p + "self_attn.o_proj.weight"] = (h, q)
-        shapes[p + "post_attention_layernorm.weight"] = (h,)
-        shapes[p + "mlp.gate_proj.weight"] = (f, h)
-        shapes[p + "mlp.up_proj.weight"] = (f, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, f)
+        shapes.update(layer_param_shapes(cfg, i))
     shapes["model.norm.weight"] = (h,)
     if value_head:
         shapes["score.weight"] = (1, h)
@@ -183,11 +218,23 @@ def param_shapes(cfg: ModelConfig, value_head: bool = False) -> dict[str, tuple[
     return shapes
 
 
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 def num_params(cfg: ModelConfig, value_head: bool = False) -> int:
-    total = 0
-    for shape in param_shapes(cfg, value_head).values():
-        n = 1
-        for s in shape:
-            n *= s
-        total += n
-    return total
+    """All parameters (every expert counted): what memory holds."""
+    return sum(_numel(s) for s in param_shapes(cfg, value_head).values())
+
+
+def active_params(cfg: ModelConfig, value_head: bool = False) -> int:
+    """Parameters one token computes with: ``num_params`` less the experts it is not routed to
+    (top-k of E in every MoE layer). Equal to ``num_params`` for a dense model."""
+    if not cfg.num_experts:
+        return num_params(cfg, value_head)
+    per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    return num_params(cfg, value_head) - moe_layers * (cfg.num_experts - cfg.num_experts_per_tok) * per_expert

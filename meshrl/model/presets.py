@@ -7,7 +7,7 @@ against the published totals.
 
 from __future__ import annotations
 
-from .config import ConfigError, ModelConfig
+from .config import ConfigError, ModelConfig, RopeScaling
 
 _LLAMA2 = dict(model_type="llama", vocab_size=32000, rms_norm_eps=1e-5, max_position_embeddings=4096,
                bos_token_id=1, eos_token_id=2)
@@ -22,6 +22,26 @@ PRESETS: dict[str, ModelConfig] = {
                         num_attention_heads=8, num_key_value_heads=2, rope_theta=10000.0,
                         rms_norm_eps=1e-6, max_position_embeddings=512, model_type="llama",
                         bos_token_id=257, eos_token_id=258, pad_token_id=256),
+    # The families beyond LLaMA at the tiny size, for `meshrl check parallel --model NAME` and the
+    # tests: Qwen3 (head_dim 24 != 128/8, q/k norms, YaRN past an original context of 8 tokens),
+    # Llama 3.x scaling, and a Qwen3-MoE with 8 experts (top-2) that every tp <= 8 shards.
+    "tiny-qwen3": ModelConfig(vocab_size=264, hidden_size=128, intermediate_size=256, num_hidden_layers=8,
+                              num_attention_heads=8, num_key_value_heads=2, head_dim=24, rope_theta=10000.0,
+                              max_position_embeddings=32, model_type="qwen3", bos_token_id=257,
+                              eos_token_id=258, pad_token_id=256,
+                              rope_scaling=RopeScaling("yarn", factor=4.0, original_max_position_embeddings=8),
+                              rope_format="rope_parameters"),
+    "tiny-llama3": ModelConfig(vocab_size=264, hidden_size=128, intermediate_size=256, num_hidden_layers=8,
+                               num_attention_heads=8, num_key_value_heads=2, rope_theta=10000.0,
+                               max_position_embeddings=32, model_type="llama", bos_token_id=257,
+                               eos_token_id=258, pad_token_id=256,
+                               rope_scaling=RopeScaling("llama3", factor=8.0, low_freq_factor=1.0,
+                                                        high_freq_factor=4.0, original_max_position_embeddings=8)),
+    "tiny-moe": ModelConfig(vocab_size=264, hidden_size=128, intermediate_size=256, num_hidden_layers=8,
+                            num_attention_heads=8, num_key_value_heads=2, rope_theta=10000.0,
+                            max_position_embeddings=512, model_type="qwen3_moe", bos_token_id=257,
+                            eos_token_id=258, pad_token_id=256, num_experts=8, num_experts_per_tok=2,
+                            moe_intermediate_size=64, norm_topk_prob=True),
     # ~100M parameters, tied embeddings; for benchmarks on one CPU machine.
     "small": ModelConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                          num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=True,

@@ -13,6 +13,8 @@ from pathlib import Path
 from ..errors import UserError
 
 BYTE_TOKENIZER_CLASS = "meshrl.ByteTokenizer"  # marks a checkpoint dir that uses ByteTokenizer
+BYTE_TOKENIZER_KEY = "meshrl_tokenizer"  # where tokenizer_config.json holds the mark (tokenizer_class
+# itself says PreTrainedTokenizerFast, for transformers; older checkpoints put the mark there)
 
 
 class ByteTokenizer:
@@ -33,12 +35,11 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Mark a checkpoint directory as using this tokenizer (load_tokenizer reads the mark)."""
-        root = Path(path)
-        root.mkdir(parents=True, exist_ok=True)
-        cfg = {"tokenizer_class": BYTE_TOKENIZER_CLASS, "pad_token_id": self.pad_token_id,
-               "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id}
-        (root / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        """Write this tokenizer as a Hugging Face fast tokenizer (transformers.AutoTokenizer loads
+        it, with the same ids), marked so that load_tokenizer reads it back as a ByteTokenizer."""
+        from .byte_tokenizer_file import write_byte_tokenizer
+
+        write_byte_tokenizer(Path(path), {BYTE_TOKENIZER_KEY: BYTE_TOKENIZER_CLASS})
 
 
 def _read_json(path: Path) -> dict:
@@ -102,7 +103,8 @@ def load_tokenizer(path: str | os.PathLike) -> ByteTokenizer | HFTokenizer:
     root = Path(path)
     if not root.is_dir():
         raise UserError(f"tokenizer directory {str(root)!r} does not exist")
-    if _read_json(root / "tokenizer_config.json").get("tokenizer_class") == BYTE_TOKENIZER_CLASS:
+    tcfg = _read_json(root / "tokenizer_config.json")
+    if BYTE_TOKENIZER_CLASS in (tcfg.get(BYTE_TOKENIZER_KEY), tcfg.get("tokenizer_class")):
         return ByteTokenizer()
     if (root / "tokenizer.json").is_file():
         return HFTokenizer(root)

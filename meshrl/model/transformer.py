@@ -1,4 +1,5 @@
-"""Decoder-only transformer of the LLaMA / Qwen2 / Mistral family, numerically matching HF.
+"""Decoder-only transformer of the LLaMA / Qwen2 / Mistral / Qwen3 / Qwen3-MoE / Mixtral families,
+numerically matching HF.
 
 Module and parameter names follow Hugging Face (``model.layers.i.self_attn.q_proj``) so that
 checkpoints load without renaming, and so that torch's tensor-parallel styles apply to the plain
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .moe import SparseMoE
+from .rope import rope_cos_sin
 
 
 class RMSNorm(nn.Module):
@@ -32,16 +35,6 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
-
-
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [B, S] (int) -> cos, sin [B, S, head_dim], computed in float32 as HF does."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
-                                .float() / head_dim))
-    freqs = positions.float()[..., None] * inv_freq  # [B, S, head_dim/2]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -82,14 +75,21 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, cfg.kv_size, bias=bias)
         self.v_proj = nn.Linear(h, cfg.kv_size, bias=bias)
         self.o_proj = nn.Linear(cfg.q_size, h, bias=False)
+        if cfg.qk_norm:  # Qwen3: one RMSNorm over head_dim, shared by all heads, before the rotation
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache | None = None, start: int = 0) -> torch.Tensor:
         """x [B, S, hidden]; mask [B, 1, S, T] boolean (True = attend), T = start + S; or None for
         plain causal attention without a cache (then SDPA takes its is_causal path)."""
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, Hq, S, D]
-        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
+        q = self.q_proj(x).view(b, s, -1, self.head_dim)  # [B, S, Hq, D]
+        k = self.k_proj(x).view(b, s, -1, self.head_dim)  # [B, S, Hkv, D]
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
         v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
@@ -115,16 +115,29 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """Pre-norm attention + MLP. The MLP is dense (``mlp``) or a sparse MoE block, named as the
+    family's checkpoints name it (Qwen3-MoE ``mlp``, Mixtral ``block_sparse_moe``); ``ffn`` is
+    whichever it is."""
+
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.moe = cfg.is_moe_layer(index)
+        setattr(self, cfg.moe_prefix if self.moe else "mlp", SparseMoE(cfg) if self.moe else MLP(cfg))
+        self.ffn_name = cfg.moe_prefix if self.moe else "mlp"
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None = None, start: int = 0) -> torch.Tensor:
+    @property
+    def ffn(self) -> nn.Module:
+        return getattr(self, self.ffn_name)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None = None, start: int = 0,
+                token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """token_mask [B, S] (1 = real token): only a MoE block's balance loss reads it."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, start)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        return x + (self.ffn(h, token_mask) if self.moe else self.ffn(h))
 
 
 def build_mask(key_mask: torch.Tensor, q_len: int, sliding_window: int | None = None) -> torch.Tensor:
@@ -154,11 +167,13 @@ class Backbone(nn.Module):
     ``embed_tokens`` or ``norm`` may be None for a pipeline stage that does not own them; then
     the input (or output) is the hidden state [B, S, hidden]."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_ids: range | None = None) -> None:
+        """``layer_ids``: the (global) layers to build, all by default (a pipeline stage: its own)."""
         super().__init__()
         self.cfg = cfg
         self.embed_tokens: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        ids = range(cfg.num_hidden_layers) if layer_ids is None else layer_ids
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in ids)
         self.norm: RMSNorm | None = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -172,12 +187,13 @@ class Backbone(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones(b, start + s, dtype=torch.long, device=h.device)
         pos = positions_from_mask(attention_mask)[:, start:start + s]
-        cos, sin = rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
+        cos, sin = rope_cos_sin(pos, self.cfg, h.dtype)
+        tokens = attention_mask[:, start:start + s]
         # Unpadded batches skip building the [B, 1, S, S] mask and take SDPA's causal path
         # (measured on par or slightly faster on CPU; see docs/model.md).
         mask = None if plain_causal else build_mask(attention_mask, s, self.cfg.sliding_window)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, mask, None if caches is None else caches[i], start)
+            h = layer(h, cos, sin, mask, None if caches is None else caches[i], start, tokens)
         return self.norm(h) if self.norm is not None else h
 
 

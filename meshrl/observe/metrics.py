@@ -50,6 +50,20 @@ class MetricsWriter:
             self.tb.close()
 
 
+def no_signal_note(record: dict) -> str | None:
+    """A note when every sample of an iteration got the same reward: then every advantage is 0 (or
+    rounding noise) and nothing is learned, while every metric stays at 0 or drifts on noise. This
+    was the cause of 'all-zero metrics' on a user's 2-prompt dataset: the actor never produced a
+    rewarded answer. None when the rewards differ (or the run reports none)."""
+    if record.get("reward/std") != 0.0 or "reward/mean" not in record:
+        return None
+    return (f"note: at iteration {record['iteration']} every sample got the same reward "
+            f"({record['reward/mean']:.3g}), so the advantages are 0 and the policy learns nothing. If no "
+            "sample is ever rewarded, check reward.rule against your answers, start from a trained actor "
+            "(models.actor.path) or an SFT warm-up on your data (sft.path), or sample more "
+            "(data.samples_per_prompt, gen.temperature)")
+
+
 def summary_line(record: dict, keys: tuple[str, ...]) -> str:
     """'it   3 | reward/mean 0.412 | actor/pg_loss -0.013 | ...' for the keys present."""
     parts = [f"it {record['iteration']:3d}"]

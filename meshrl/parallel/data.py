@@ -220,14 +220,16 @@ class ZeroAdamW:
 
 
 def sync_grads(named: dict[str, nn.Parameter], groups: RankGroups, kv_names: list[str],
-               tied_embedding: bool, bucket_bytes: int = BUCKET_BYTES) -> None:
+               tied_embedding: bool, bucket_bytes: int = BUCKET_BYTES, tp_names: list[str] = ()) -> None:
     """Make every local gradient the full mini-batch gradient of its slice:
     tied embedding copies summed over the first/last stage, replicated KV heads summed over their
-    holders, then everything summed over dp."""
+    holders, replicated weights used inside the tp region (Qwen3's per-head q/k norms, each rank
+    seeing only its heads: ``tp_names``) summed over tp, then everything summed over dp."""
     for p in named.values():
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     if tied_embedding and groups.tied is not None:  # pp > 1 and this is the first or last stage
         all_reduce_grads([named["model.embed_tokens.weight"]], groups.tied)
     all_reduce_grads([named[n] for n in kv_names], groups.kv)
+    all_reduce_grads([named[n] for n in tp_names], groups.tp)
     all_reduce_grads(list({id(p): p for p in named.values()}.values()), groups.dp, bucket_bytes)

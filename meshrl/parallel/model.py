@@ -54,6 +54,8 @@ class ParallelModel:
         self._counted = counted_names(self.sm, self.groups.rank)
         kv_split = placement.layout.tp > cfg.num_key_value_heads
         self._kv_names = [n for n in self.named if kv_split and (".k_proj." in n or ".v_proj." in n)]
+        tp_split = placement.layout.tp > 1
+        self._tp_names = [n for n in self.named if tp_split and (".q_norm." in n or ".k_norm." in n)]
         self._tied = cfg.tie_word_embeddings and not value_head
         self.dp_bucket_bytes = BUCKET_BYTES  # gradient all-reduce bucket (PyTorch DDP's default size)
 
@@ -151,7 +153,7 @@ class ParallelModel:
             return loss_fn(self._head(h, micro[i], entropy), micro[i]) if self.stage.last else h
 
         losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
-        sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes)
+        sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes, self._tp_names)
         # the loss is a float64 statistic: summed and broadcast on the control plane
         loss = float(torch.stack(losses).double().sum().item()) if losses else 0.0
         if self.groups.dp.group is not None:

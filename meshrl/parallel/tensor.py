@@ -54,6 +54,33 @@ class _ReduceFromTP(torch.autograd.Function):
         return g, None
 
 
+class _CopyManyToTP(torch.autograd.Function):
+    """copy_to_tp for several tensors with ONE backward all-reduce of all their gradients, so the
+    collective order cannot depend on which gradient autograd finishes first on a rank."""
+
+    @staticmethod
+    def forward(ctx, axis: Axis, *xs: torch.Tensor):  # type: ignore[override]
+        ctx.axis, ctx.shapes = axis, [(x.shape, x.dtype) for x in xs]
+        return tuple(x.view_as(x) for x in xs)
+
+    @staticmethod
+    def backward(ctx, *gs: torch.Tensor):  # type: ignore[override]
+        device = next(g.device for g in gs if g is not None) if any(g is not None for g in gs) else None
+        flat = torch.cat([(g if g is not None else torch.zeros(s, dtype=dt, device=device)).float().reshape(-1)
+                          for g, (s, dt) in zip(gs, ctx.shapes, strict=True)])
+        _all_reduce(flat, ctx.axis)
+        out, off = [], 0
+        for s, dt in ctx.shapes:
+            n = s.numel()
+            out.append(flat[off:off + n].view(s).to(dt))
+            off += n
+        return (None, *out)
+
+
+def copy_many_to_tp(axis: Axis, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return xs if axis.group is None else _CopyManyToTP.apply(axis, *xs)
+
+
 def copy_to_tp(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     return x if axis.group is None else _CopyToTP.apply(x, axis)
 
@@ -136,9 +163,16 @@ def register_tp_hooks(layers: nn.ModuleList, head: nn.Module | None, axis: Axis)
     def post(_mod: nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor:
         return reduce_from_tp(out, axis)
 
+    def pre_experts(_mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        x, weights, idx = args  # the routing weights' gradient is summed over the experts' ranks too
+        return (*copy_many_to_tp(axis, x, weights), idx), kwargs
+
     for layer in layers:
-        for mod in (layer.self_attn, layer.mlp):
-            mod.register_forward_pre_hook(pre, with_kwargs=True)
+        # A MoE block's router stays outside f ... g: it runs on the replicated input on every tp
+        # rank, so its gradient is complete without a reduction; only the experts are wrapped.
+        ffn = layer.ffn.experts if layer.moe else layer.ffn
+        for mod, before in ((layer.self_attn, pre), (ffn, pre_experts if layer.moe else pre)):
+            mod.register_forward_pre_hook(before, with_kwargs=True)
             mod.register_forward_hook(post)
     if head is not None:
         head.register_forward_pre_hook(pre, with_kwargs=True)

@@ -45,7 +45,13 @@ class Probe:
     steps: int = 2
     gen_tokens: int = 6
     value_head: bool = False
-    optim: AdamWConfig = field(default_factory=lambda: AdamWConfig(lr=1e-5, weight_decay=0.01, max_grad_norm=1.0))
+    # eps=1e-6, not 1e-8: Adam divides by |g| + eps, so a gradient element near eps turns the
+    # reduction-order noise of the gradients (~3e-9 absolute here) into a different update of up to
+    # a third of lr; MoE experts, which see few tokens, have many such elements (their params then
+    # differed by 1.3e-5 relative with grads equal to 3e-6). With 1e-6 that noise moves a parameter
+    # by <= lr * 3e-9 / 1e-6, while a real optimizer-sharding fault still moves it by ~lr.
+    optim: AdamWConfig = field(default_factory=lambda: AdamWConfig(lr=1e-5, eps=1e-6, weight_decay=0.01,
+                                                                   max_grad_norm=1.0))
 
     def config(self) -> ModelConfig:
         if isinstance(self.model, ModelConfig):
@@ -256,20 +262,58 @@ def _rows_list(items: list, dp: int, d: int) -> list:
     return [items[i] for i in idx]
 
 
+def missing_evidence(placement: Placement, per_rank: list[dict | None]) -> list[str]:
+    """What the ranks of ``placement`` should have reported and did not: every rank its loss,
+    gradients and parameters (and greedy/sampled generations for a language model), every rank of
+    the last pipeline stage its logits or values, and some rank the gathered full state. A summary
+    over the ranks that did report would pass on no evidence at all."""
+    by_rank = {r["rank"]: r for r in per_rank if r is not None and "rank" in r}
+    last = placement.layout.pp - 1
+    lm = not any("values" in r for r in by_rank.values())
+    out = []
+    for rank in placement.mesh.ranks:
+        r = by_rank.get(rank)
+        if r is None:
+            out.append(f"rank {rank}: no result")
+            continue
+        need = ["loss", "grad_norm", "grads", "params"] + (["generate_equal", "sample_equal"] if lm else [])
+        if placement.coords_of(rank)[2] == last:
+            need += ["logits", "logprobs"] if lm else ["values"]
+        out += [f"rank {rank}: no {k}" for k in need if k not in r]
+    if by_rank and not any("full_state" in r for r in by_rank.values()):
+        out.append("no rank: full_state")
+    return out
+
+
 def summarize(placement_text: str, per_rank: list[dict | None]) -> dict:
-    """Fold the per-rank answers of one placement into the DESIGN.md record."""
-    got = [r for r in per_rank if r is not None]
-    worst = {k: max((r[k] for r in got if k in r), default=0.0)
-             for k in ("logits", "logprobs", "values", "grads", "params", "loss", "full_state", "grad_norm")}
+    """Fold the per-rank answers of one placement into the DESIGN.md record; ``ok`` only if every
+    rank of the mesh reported everything it should (``missing`` lists what did not come)."""
     placement = Placement.parse(placement_text)
+    got = [r for r in per_rank if r is not None]
+    missing = missing_evidence(placement, per_rank)
+    worst = {k: _worst(*(r[k] for r in got if k in r))
+             for k in ("logits", "logprobs", "values", "grads", "params", "loss", "full_state", "grad_norm")}
     rec = {"layout": str(placement.layout), "ranks": list(placement.mesh.ranks),
-           "logits_max_rel_diff": max(worst["logits"], worst["values"]),
-           "logprobs_max_rel_diff": worst["logprobs"], "loss_max_rel_diff": worst["loss"],
-           "grads_max_rel_diff": max(worst["grads"], worst["grad_norm"]),
-           "params_max_rel_diff": max(worst["params"], worst["full_state"]),
-           "generate_equal": all(r.get("generate_equal", True) for r in got),
-           "sample_equal": all(r.get("sample_equal", True) for r in got)}
-    rec["ok"] = rec["generate_equal"] and rec["sample_equal"] and all(
-        rec[k] <= TOLERANCE for k in ("logits_max_rel_diff", "logprobs_max_rel_diff", "loss_max_rel_diff",
-                                      "grads_max_rel_diff", "params_max_rel_diff"))
+           "logits_max_rel_diff": _worst(worst["logits"], worst["values"]),
+           "logprobs_max_rel_diff": _worst(worst["logprobs"]), "loss_max_rel_diff": _worst(worst["loss"]),
+           "grads_max_rel_diff": _worst(worst["grads"], worst["grad_norm"]),
+           "params_max_rel_diff": _worst(worst["params"], worst["full_state"]),
+           "generate_equal": bool(got) and all(r.get("generate_equal", True) for r in got),
+           "sample_equal": bool(got) and all(r.get("sample_equal", True) for r in got)}
+    if missing:
+        rec["missing"] = missing
+    # what must be there is checked by missing_evidence; a figure no rank should report (a value
+    # model's logprobs) is None and is not compared; a nan difference fails
+    keys = ("logits_max_rel_diff", "logprobs_max_rel_diff", "loss_max_rel_diff", "grads_max_rel_diff",
+            "params_max_rel_diff")
+    rec["ok"] = not missing and rec["generate_equal"] and rec["sample_equal"] and all(
+        rec[k] is None or rec[k] <= TOLERANCE for k in keys)
     return rec
+
+
+def _worst(*values: float | None) -> float | None:
+    """The largest of the reported values (None if none was; nan if any is nan)."""
+    seen = [v for v in values if v is not None]
+    if any(v != v for v in seen):
+        return float("nan")
+    return max(seen) if seen else None

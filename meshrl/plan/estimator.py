@@ -39,7 +39,15 @@ DECODE_POINTS = 8  # decoding time is integrated over the context length at this
 
 @dataclass(frozen=True)
 class RunShape:
-    """The run's sizes: prompts per iteration and token lengths; PPO's optimizer steps."""
+    """The run's sizes: prompts per iteration and token lengths; PPO's optimizer steps.
+
+    Responses are a distribution: ``gen_len`` is the budget (the maximum), ``gen_len_mean`` the
+    expected length and ``gen_len_longest`` the expected longest row of a generation batch (both
+    None: every response runs to the budget). The engine decides which one a call pays for:
+    meshrl's runtime (model/generation.decode_loop) decodes a batch until its longest row ends,
+    every row computing to the end, and hands on sequences padded to it; an engine that compacts
+    (``compact``: finished rows leave the batch, training packs sequences, as vLLM / TensorRT-LLM
+    in-flight batching and packed training do) pays for the mean per row and for the longest in steps."""
 
     prompt_len: int
     gen_len: int
@@ -47,16 +55,41 @@ class RunShape:
     samples_per_prompt: int = 1
     epochs: int = 1
     mini_batches: int = 1  # optimizer steps per epoch
+    gen_len_mean: float | None = None
+    gen_len_longest: float | None = None
+    compact: bool = False
 
     @classmethod
     def from_config(cls, cfg) -> "RunShape":
         ppo = getattr(cfg, "ppo", None)
         return cls(cfg.data.prompt_len, cfg.data.gen_len, cfg.data.batch_size, cfg.data.samples_per_prompt,
-                   getattr(ppo, "epochs", 1), getattr(ppo, "mini_batches", 1))
+                   getattr(ppo, "epochs", 1), getattr(ppo, "mini_batches", 1),
+                   getattr(cfg.data, "gen_len_mean", None), getattr(cfg.data, "gen_len_longest", None))
 
     @property
     def seq_len(self) -> int:
+        """Tokens of the longest possible sequence (memory is sized for it)."""
         return self.prompt_len + self.gen_len
+
+    @property
+    def mean_len(self) -> float:
+        """Expected generated tokens per response."""
+        return min(self.gen_len, self.gen_len_mean if self.gen_len_mean is not None else self.gen_len)
+
+    def longest(self, rows: int) -> float:
+        """Expected generated tokens of the longest of ``rows`` responses: the mean for one row, the
+        measured longest if known, else the budget (a batch waits for its longest row, and with
+        only a mean known the planner takes the safe side)."""
+        if rows <= 1:
+            return self.mean_len
+        if self.gen_len_longest is not None:
+            return max(self.mean_len, min(self.gen_len, self.gen_len_longest))
+        return float(self.gen_len)
+
+    def row_len(self, rows: int) -> float:
+        """Tokens per sequence that a call over ``rows`` sequences computes: prompt + the mean when
+        rows are compacted (packed), else prompt + the longest (padding)."""
+        return self.prompt_len + (self.mean_len if self.compact else self.longest(rows))
 
 
 @dataclass(frozen=True)
@@ -137,7 +170,12 @@ class _Ctx:
 
     @property
     def flops(self) -> float:
-        return self.hw.flops_at(self.mc.cfg.hidden_size)
+        return self.hw.flops_at(self.mc.cfg.hidden_size, self.lay.tp)
+
+    @property
+    def hbm_bw(self) -> float:
+        """Bandwidth a step reaches: the datasheet figure times the fitted share (GPU presets)."""
+        return self.hw.hbm_bw * self.hw.hbm_eff
 
     @property
     def stage_param_bytes(self) -> float:
@@ -166,12 +204,18 @@ def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, p
     else:
         layer_flops = 2.0 * c.mc.cfg.num_hidden_layers * c.mc.layer_params * b * new + b * c.mc.attn_flops(new, ctx)
         flops = layer_flops * c.frac + 2.0 * c.mc.head_params * head_rows
-        compute = mult * flops / c.lay.tp / c.flops
+        # A pass reads the stage's weights at least once (three times with backward): with few
+        # tokens it is bandwidth-bound, as a decoding step is; every pass pays the step overhead.
+        compute = max(mult * flops / c.lay.tp / c.flops, mult * c.stage_param_bytes / c.hbm_bw)
+    overhead = (2 if backward else 1) * c.hw.step_overhead if fits is None else 0.0
     act = b * new * c.mc.cfg.hidden_size * c.hw.dtype_bytes
     n_ar = (4 if backward else 2) * c.stage_layers
     tp = n_ar * c.hw.all_reduce(act, c.lay.tp, c.links.tp)
     pp = (2 if backward else 1) * c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 else 0.0
-    return compute + tp + pp, {"compute": compute, "tp_comm": tp, "pp_comm": pp}
+    parts = {"compute": compute, "tp_comm": tp, "pp_comm": pp}
+    if overhead:
+        parts["overhead"] = overhead
+    return compute + overhead + tp + pp, parts
 
 
 def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, dict]:
@@ -182,8 +226,9 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
                  + (2.0 * mc.head_params if head else 0.0)) / c.lay.tp
     kv = b * ctx * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     head_bytes = mc.head_params / c.lay.tp * c.hw.dtype_bytes
-    mem = (c.stage_param_bytes - (0.0 if head else head_bytes) + kv) / c.hw.hbm_bw
+    mem = (c.stage_param_bytes - (0.0 if head else head_bytes) + kv) / c.hbm_bw
     compute = flops / c.flops
+    overhead = c.hw.step_overhead  # kernel launches and host work of one stage step (GPU presets)
     fits = c.hw.layer_fits(mc.cfg.hidden_size)
     if fits is not None:  # measured decoding steps already include their memory traffic
         mem = 0.0
@@ -195,8 +240,12 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
     if head:
         tp += c.hw.all_gather(b * mc.out_width * c.hw.dtype_bytes, c.lay.tp, c.links.tp)  # logits for sampling
     pp = c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 and not head else 0.0
-    return max(mem, compute) + tp + pp, {"decode_mem" if mem >= compute else "compute": max(mem, compute),
-                                        "tp_comm": tp, "pp_comm": pp}
+    if fits is not None:
+        overhead = 0.0  # measured steps include it
+    parts = {"decode_mem" if mem >= compute else "compute": max(mem, compute), "tp_comm": tp, "pp_comm": pp}
+    if overhead:
+        parts["overhead"] = overhead
+    return max(mem, compute) + overhead + tp + pp, parts
 
 
 def _token_pass(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:
@@ -252,22 +301,30 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
         hops = _hops(c, b)
         t += hops
         acc["pp_comm"] = acc.get("pp_comm", 0.0) + hops
-    # Decode: the prefill's logits give the first token, so gen_len - 1 decoding steps follow
-    # (model/generation.decode_loop); integrated over the growing context at DECODE_POINTS midpoints.
-    n_dec = shape.gen_len - 1
+    # Decode: the prefill's logits give the first token, and the batch decodes until its longest
+    # row ends (model/generation.decode_loop stops when no row is alive); integrated over the
+    # growing context at DECODE_POINTS midpoints. Compacted, only the rows still alive compute:
+    # on average b x mean / longest of them (weights and step overheads are paid per step regardless).
+    longest = shape.longest(b)
+    n_dec = max(0, round(longest) - 1)
+    alive = b * shape.mean_len / max(longest, 1.0) if shape.compact else b
     n_pts = min(DECODE_POINTS, n_dec)
     per_pt = n_dec / max(n_pts, 1)
     for i in range(n_pts):
         ctx = shape.prompt_len + int((i + 0.5) * per_pt) + 1
-        step, parts = _token_pass(c, b, ctx)
+        step, parts = _token_pass(c, alive, ctx)
         t += per_pt * step
         _add(acc, parts, per_pt)
     seqs = spec.sequences(shape)
     mc = c.mc
     flops = seqs * (shape.prompt_len * mc.matmul_flops_per_token() + mc.attn_flops(shape.prompt_len,
                     shape.prompt_len))
-    flops += seqs * (shape.gen_len * mc.matmul_flops_per_token() + mc.attn_flops(shape.gen_len, shape.seq_len))
-    kv = s_dp * shape.seq_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
+    gen = shape.mean_len  # useful FLOPs: the tokens actually generated
+    flops += seqs * (gen * mc.matmul_flops_per_token() + mc.attn_flops(gen, shape.prompt_len + gen))
+    # KV cache: every row's slots for the whole budget; a compacting (paged) engine holds the tokens
+    # of the rows it runs, on average the prompt and the mean response.
+    kv_len = shape.prompt_len + shape.mean_len if shape.compact else shape.seq_len
+    kv = s_dp * kv_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     logits = b * mc.out_width / c.lay.tp * LOGIT_BYTES
     prefill_act = b * shape.prompt_len * mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
     return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=1.0 / c.lay.pp)
@@ -276,7 +333,7 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
 def _inference(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     s_dp = math.ceil(spec.sequences(shape) / c.lay.dp)
     b = math.ceil(s_dp / m)
-    s = shape.seq_len
+    s = round(shape.row_len(spec.sequences(shape)))
     acc: dict[str, float] = {}
     step, parts = _forward_step(c, b, s, s)
     t = _pipeline(c, m, step, parts, acc)
@@ -290,7 +347,7 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     steps = shape.epochs * shape.mini_batches
     s_dp = math.ceil(spec.sequences(shape) / c.lay.dp / shape.mini_batches)
     b = math.ceil(s_dp / m)
-    s = shape.seq_len
+    s = round(shape.row_len(spec.sequences(shape)))
     acc: dict[str, float] = {}
     step, parts = _forward_step(c, b, s, s, backward=True)
     t_mb = _pipeline(c, m, step, parts, {})

@@ -32,9 +32,35 @@ DGX_A100 = "NVIDIA DGX A100 system datasheet: 8x single-port ConnectX-6 200 Gb/s
 DGX_H100 = "NVIDIA DGX H100/H200 system datasheet: 8x single-port ConnectX-7 400 Gb/s NDR InfiniBand (one per GPU)"
 NCCL_LAT = ("NCCL src/graph/tuning.cc, Ring/Simple protocol: base latency 8.4 us, per-hop 3.4 us over "
             "NVLink, 14 us over the network")
-MFU_A100 = ("Narayanan et al., SC'21 (Megatron-LM), 163 of 312 TFLOP/s per A100 = 52% of peak "
-            "(GPT 1T, 3072 GPUs)")
-MFU_H100 = "Llama 3 Herd of Models (Dubey et al., 2024), Table 4: 38-43% BF16 MFU on H100; we take 43%"
+MFU_A100 = ("fitted (GPU_FIT); cross-check: Narayanan et al., SC'21 (Megatron-LM), 163 of 312 TFLOP/s per A100 "
+            "= 52% (GPT 1T, tp 8, counting recomputation)")
+MFU_H100 = ("fitted (GPU_FIT); cross-check: Llama 3 Herd of Models (Dubey et al., 2024), Table 4: 38-43% BF16 MFU "
+            "on H100 for 405B at tp 8 (w = 2048: 0.55 x 2048 / 2648 = 43%)")
+
+@dataclass(frozen=True)
+class GpuFit:
+    """Efficiency constants of one GPU kind, fitted on published measurements (bench/published/,
+    `python bench/published.py --fit` reproduces them): ``mfu`` and ``mfu_width`` on the MosaicML
+    llm-foundry BF16 training table, ``hbm_eff`` and ``step_overhead`` on lmdeploy's A100 static
+    decoding benchmark and TensorRT-LLM's A100 first-token latencies."""
+
+    mfu: float
+    mfu_width: float
+    hbm_eff: float
+    step_overhead: float
+    source: str
+
+
+FIT_SOURCE = ("fitted by `python bench/published.py --fit` on bench/published/rows.json: training rows "
+              "(MosaicML llm-foundry scripts/train/benchmarking/README.md, BF16, no activation checkpointing), "
+              "decoding and prefill rows (lmdeploy docs/en/benchmark/a100_fp16.md; TensorRT-LLM "
+              "docs/source/performance.md)")
+# H100 and H200 share the compute die: the H100 fit serves both (no H200 rows were found). No H100
+# BF16 decoding rows were found either, so the H100 decoding constants are the A100's.
+GPU_FIT: dict[str, GpuFit] = {
+    "a100": GpuFit(mfu=0.73, mfu_width=600.0, hbm_eff=0.75, step_overhead=1.2e-3, source=FIT_SOURCE),
+    "h100": GpuFit(mfu=0.55, mfu_width=600.0, hbm_eff=0.75, step_overhead=1.2e-3, source=FIT_SOURCE),
+}
 
 NCCL_BASE_LAT = 8.4e-6
 NVLINK_HOP_LAT = 3.4e-6
@@ -96,6 +122,13 @@ class Hardware:
     # Seconds per parameter tensor of an optimizer step beyond its bytes (foreach=False AdamW's
     # per-tensor kernels and Python): measured (profile_layers.measure_optimizer); 0 for GPU presets.
     optimizer_tensor_s: float = 0.0
+    # GPU presets, fitted on the published measurements of bench/published/ (see GPU_FIT):
+    # the share of the datasheet HBM bandwidth a decoding step reaches, the fixed seconds every
+    # stage step pays (kernel launches, host work, sampling), and the matmul width at which
+    # training efficiency is half its plateau (efficiency = mfu x w / (w + mfu_width), w = hidden / tp).
+    hbm_eff: float = 1.0
+    step_overhead: float = 0.0
+    mfu_width: float = 0.0
 
     def slowdown(self, busy: float) -> float:
         """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs);
@@ -122,10 +155,14 @@ class Hardware:
         return min(self.layers, key=lambda hf: abs(hf[0] - hidden))[1]
 
     # ---- compute and memory ----------------------------------------------------------------
-    def flops_at(self, hidden: int) -> float:
-        """Achievable dense matmul FLOP/s for a model of this hidden size."""
+    def flops_at(self, hidden: int, tp: int = 1) -> float:
+        """Achievable dense matmul FLOP/s for a model of this hidden size split over ``tp`` ranks.
+
+        GPU presets: ``mfu x w / (w + mfu_width)`` with w = hidden / tp, the per-device matmul width
+        (narrow matmuls and their non-matmul neighbours keep a GPU further from its plateau)."""
         if not self.matmul:
-            return self.peak_flops * self.mfu
+            w = hidden / max(tp, 1)
+            return self.peak_flops * self.mfu * (w / (w + self.mfu_width) if self.mfu_width else 1.0)
         sizes = [h for h, _ in self.matmul]
         i = bisect.bisect_left(sizes, hidden)
         if i == 0:
@@ -199,20 +236,21 @@ def _steps(kind: str, n: int) -> int:
     return {"all_reduce": 2 * (n - 1), "all_gather": n - 1}.get(kind, 1)
 
 
-def _gpu(name: str, peak: float, mfu: float, hbm: float, mem: float, nvlink: float, ib: float,
+def _gpu(name: str, peak: float, fit: GpuFit, hbm: float, mem: float, nvlink: float, ib: float,
          sources: dict[str, str]) -> Hardware:
-    return Hardware(name=name, peak_flops=peak, mfu=mfu, hbm_bw=hbm, mem_bytes=mem, intra_bw=nvlink,
+    return Hardware(name=name, peak_flops=peak, mfu=fit.mfu, hbm_bw=hbm, mem_bytes=mem, intra_bw=nvlink,
                     intra_lat=NVLINK_HOP_LAT, inter_bw=ib, inter_lat=NET_HOP_LAT, devices_per_node=8,
-                    sources={**sources, "latency": NCCL_LAT})
+                    sources={**sources, "latency": NCCL_LAT, "fit": fit.source}, hbm_eff=fit.hbm_eff,
+                    step_overhead=fit.step_overhead, mfu_width=fit.mfu_width)
 
 
 # NVLink figures in the datasheets are bidirectional totals: one direction is half.
 PRESETS: dict[str, Hardware] = {
-    "a100-80g": _gpu("a100-80g", 312e12, 0.52, 2039 * GB, 80 * GB, 300 * GB, 200e9 / 8,
+    "a100-80g": _gpu("a100-80g", 312e12, GPU_FIT["a100"], 2039 * GB, 80 * GB, 300 * GB, 200e9 / 8,
                      {"device": A100_DS, "network": DGX_A100, "mfu": MFU_A100}),
-    "h100-80g": _gpu("h100-80g", 989e12, 0.43, 3350 * GB, 80 * GB, 450 * GB, 400e9 / 8,
+    "h100-80g": _gpu("h100-80g", 989e12, GPU_FIT["h100"], 3350 * GB, 80 * GB, 450 * GB, 400e9 / 8,
                      {"device": H100_DS, "network": DGX_H100, "mfu": MFU_H100}),
-    "h200": _gpu("h200", 989e12, 0.43, 4800 * GB, 141 * GB, 450 * GB, 400e9 / 8,
+    "h200": _gpu("h200", 989e12, GPU_FIT["h100"], 4800 * GB, 141 * GB, 450 * GB, 400e9 / 8,
                  {"device": H200_DS, "network": DGX_H100, "mfu": MFU_H100}),
 }
 

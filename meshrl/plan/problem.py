@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..algo.graph import Graph
@@ -41,6 +41,9 @@ class Problem:
     # roles that hold no weights at run time (a rule reward: no models.reward.path): their calls are
     # still timed as a model's (see docs/planner.md), but they take no memory
     weightless: tuple[str, ...] = ()
+    # Measured over predicted seconds per call, refitted from a run (meshrl plan --calibrate,
+    # plan/calibrate.py): every candidate of the call is priced at its estimate times this.
+    call_scale: dict[str, float] = field(default_factory=dict)
     specs: dict[str, CallSpec] = field(init=False)
     _calls: dict = field(init=False, default_factory=dict)
     _realloc: dict = field(init=False, default_factory=dict)
@@ -72,6 +75,9 @@ class Problem:
             est = self._calls.get(key)
             if est is None:
                 est = estimate_call(self.specs[name], self.shape, cp.layout, cp.micro_batches, self.hw, links)
+                k = self.call_scale.get(name, 1.0)
+                if k != 1.0:
+                    est = replace(est, time_s=est.time_s * k, breakdown={p: v * k for p, v in est.breakdown.items()})
                 self._calls[key] = est
             self._calls[(name, cp)] = est
         return est

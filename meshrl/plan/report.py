@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..errors import UserError
 from .execution_plan import ExecutionPlan
 from .problem import Problem
-from .search import search
+from .search import DEFAULT_STEPS, search
 from .simulator import Timeline, simulate
 from .strategies import BUILDERS
 
@@ -38,9 +38,10 @@ def evaluate(problem: Problem, name: str, plan: ExecutionPlan) -> Result:
                   max(problem.device_memory(plan)) / GIB, problem.feasible(plan))
 
 
-def compare(problem: Problem, names: list[str], budget_s: float = 5.0, seed: int = 0
-            ) -> tuple[dict[str, Result], float]:
-    """Results for each named strategy (and 'search'); the search's seconds (0 if not run).
+def compare(problem: Problem, names: list[str], steps: int = DEFAULT_STEPS, seed: int = 0,
+            time_limit_s: float | None = None) -> tuple[dict[str, Result], float]:
+    """Results for each named strategy (and 'search': ``steps`` plan evaluations from ``seed``, optionally
+    capped at ``time_limit_s`` seconds); the search's seconds (0 if not run).
     Raises UserError when no plan fits in memory at all, naming what does not fit."""
     out: dict[str, Result] = {}
     for name in names:
@@ -50,7 +51,7 @@ def compare(problem: Problem, names: list[str], budget_s: float = 5.0, seed: int
     if "search" in names:
         t0 = time.perf_counter()
         seeds = [r.plan for r in out.values()] if len(out) == len(BUILDERS) else None
-        res = search(problem, budget_s=budget_s, seed=seed, seeds=seeds)
+        res = search(problem, steps, seed, time_limit_s, seeds=seeds)
         search_s = time.perf_counter() - t0
         out["search"] = evaluate(problem, "search", res.plan)
     if not any(r.feasible for r in out.values()):

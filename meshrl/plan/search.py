@@ -151,12 +151,32 @@ def _move(problem: Problem, plan: ExecutionPlan, cands: dict[str, list[CallPlan]
     return replace(plan, calls=calls)
 
 
+class Budget:
+    """The search's budget: ``steps`` plan evaluations (what makes a search reproducible: the same
+    seed and steps give the same plan on any machine), and optionally wall-clock seconds as a cap
+    (a search stopped by it depends on the machine's speed)."""
+
+    def __init__(self, steps: int, time_limit_s: float | None = None) -> None:
+        self.steps, self.used = steps, 0
+        self.t0 = time.perf_counter()
+        self.deadline = None if time_limit_s is None else self.t0 + time_limit_s
+
+    def spend(self, n: int = 1) -> None:
+        self.used += n
+
+    def out(self) -> bool:
+        return self.used >= self.steps or (self.deadline is not None and time.perf_counter() >= self.deadline)
+
+    def fraction(self) -> float:
+        return min(1.0, self.used / self.steps)
+
+
 def _descend(problem: Problem, plan: ExecutionPlan, cost: float, cands: dict[str, list[CallPlan]],
-             rng: random.Random, deadline: float) -> tuple[ExecutionPlan, float, int]:
+             rng: random.Random, budget: Budget) -> tuple[ExecutionPlan, float]:
     """Coordinate descent: for each call in random order try every candidate, keep the best;
-    repeat until a full sweep improves nothing (or the deadline passes)."""
-    evals, improved = 0, True
-    while improved and time.perf_counter() < deadline:
+    repeat until a full sweep improves nothing (or the budget runs out)."""
+    improved = True
+    while improved and not budget.out():
         improved = False
         names = list(problem.graph.names)
         rng.shuffle(names)
@@ -166,24 +186,33 @@ def _descend(problem: Problem, plan: ExecutionPlan, cost: float, cands: dict[str
                     continue
                 cand = replace(plan, calls={**plan.calls, name: cp})
                 c = score(problem, cand, cost)
-                evals += 1
+                budget.spend()
                 if c < cost * (1 - 1e-9):
                     plan, cost, improved = cand, c, True
-                if time.perf_counter() >= deadline:
-                    return plan, cost, evals
-    return plan, cost, evals
+                if budget.out():
+                    return plan, cost
+    return plan, cost
 
 
-def search(problem: Problem, budget_s: float = 5.0, seed: int = 0, max_evals: int | None = None,
+DEFAULT_STEPS = 20_000  # plan evaluations: the README's 70B example finds its plan (10.43 s) with 20k, not 10k
+
+
+def search(problem: Problem, steps: int = DEFAULT_STEPS, seed: int = 0, time_limit_s: float | None = None,
            seeds: list[ExecutionPlan] | None = None) -> SearchResult:
     """Iterated local search: from every strategy's plan (and the all-fastest one), coordinate
-    descent to a local optimum; then, until the budget (seconds, or evaluations for reproducible
-    tests) runs out, perturb the best plans with one to three random moves and descend again,
-    accepting a worse result with the simulated-annealing rule. Returns the best plan seen."""
-    t0 = time.perf_counter()
-    deadline = t0 + budget_s
+    descent to a local optimum; then, until ``steps`` plan evaluations are spent (or the optional
+    ``time_limit_s`` passes), perturb the best plans with one to three random moves and descend
+    again, accepting a worse result with the simulated-annealing rule. Returns the best plan seen;
+    for a fixed seed and steps, the same plan on any machine."""
+    if steps < 1:
+        raise UserError(f"search steps must be >= 1, got {steps}")
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise UserError(f"search time limit must be > 0 seconds, got {time_limit_s}")
+    budget = Budget(steps, time_limit_s)
     rng = random.Random(seed)
     cands = _all_candidates(problem)
+    if math.prod(len(c) for c in cands.values()) <= steps:  # a space this small: every plan, once
+        return _enumerate(problem, cands, budget)
     if seeds is None:
         seeds = []
         for build in BUILDERS.values():
@@ -193,38 +222,46 @@ def search(problem: Problem, budget_s: float = 5.0, seed: int = 0, max_evals: in
                 continue
     fastest = ExecutionPlan(problem.cluster, {n: c[0] for n, c in cands.items()}, "search", problem.async_gen)
     starts = [replace(p, strategy="search", async_gen=problem.async_gen) for p in seeds] + [fastest]
-    evals = 0
     chains: list[tuple[ExecutionPlan, float]] = []
     for p in starts:
         chains.append((p, score(problem, p)))
-        evals += 1
+        budget.spend()
     best, best_cost = min(chains, key=lambda x: x[1])
     finite = [c for _, c in chains if c < INFEASIBLE]
     temp0 = 0.02 * (min(finite) if finite else 1.0)
-
-    def out_of_budget() -> bool:
-        return time.perf_counter() >= deadline or (max_evals is not None and evals >= max_evals)
-
     i = 0
-    while not out_of_budget():
+    while not budget.out():
         plan, cost = chains[i % len(chains)]
         if i >= len(chains):  # after the first pass, perturb before descending
             for _ in range(rng.randint(1, 3)):
                 plan = _move(problem, plan, cands, rng)
             cost = score(problem, plan)
-            evals += 1
-        plan, cost, n = _descend(problem, plan, cost, cands, rng, deadline)
-        evals += n
+            budget.spend()
+        plan, cost = _descend(problem, plan, cost, cands, rng, budget)
         old = chains[i % len(chains)][1]
-        frac = min(1.0, (time.perf_counter() - t0) / budget_s if max_evals is None else evals / max_evals)
-        temp = temp0 * (1e-3 ** frac)
+        temp = temp0 * (1e-3 ** budget.fraction())
         if cost <= old or (cost < INFEASIBLE and old < INFEASIBLE
                            and rng.random() < math.exp((old - cost) / max(temp, 1e-12))):
             chains[i % len(chains)] = (plan, cost)
         if cost < best_cost:
             best, best_cost = plan, cost
         i += 1
-    return SearchResult(replace(best, strategy="search"), best_cost, evals, time.perf_counter() - t0)
+    return SearchResult(replace(best, strategy="search"), best_cost, budget.used, time.perf_counter() - budget.t0)
+
+
+def _enumerate(problem: Problem, cands: dict[str, list[CallPlan]], budget: Budget) -> SearchResult:
+    """The best of every combination of candidates (the space has at most budget.steps plans)."""
+    import itertools
+
+    names = list(cands)
+    best, best_cost = None, INFEASIBLE
+    for combo in itertools.product(*(cands[n] for n in names)):
+        plan = ExecutionPlan(problem.cluster, dict(zip(names, combo, strict=True)), "search", problem.async_gen)
+        cost = score(problem, plan, best_cost)
+        budget.spend()
+        if best is None or cost < best_cost:
+            best, best_cost = plan, cost
+    return SearchResult(best, best_cost, budget.used, time.perf_counter() - budget.t0)
 
 
 def exhaustive(problem: Problem, time_limit_s: float = 600.0, upper: ExecutionPlan | None = None) -> SearchResult:

@@ -19,11 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from ..algo import setup
 from ..algo.batch import Batch
 from ..algo.common import CallContext
+from ..algo.evaluate import eval_batch, eval_due, eval_metrics, eval_rows
 from ..algo.graph import Graph, graph_for
 from ..algo.registry import tensor_keys
 from ..algo.trainer import RL_ALGOS, dataset, iteration_batch, rollout_metrics
@@ -72,6 +74,8 @@ class Engine:
         """Iterations start..stop-1. ``on_end(t, logs)`` runs on every rank after iteration t, with
         all ranks' logs on rank 0 (None elsewhere). ``ahead``: iteration start's generation (async)
         is already in ``held`` (restored from a checkpoint), so it is not run again."""
+        if eval_due(self.cfg, start):
+            self.evaluate(start)
         for step in steps(self.graph, self.plan, start, stop, ahead):
             if self.rank not in step.ranks:
                 continue
@@ -89,6 +93,8 @@ class Engine:
                                    f"{step.iteration}: {type(e).__name__}: {e}") from e
             if step.kind == "end":
                 on_end(step.iteration, self._gather(step.iteration))
+                if step.iteration + 1 < stop and eval_due(self.cfg, step.iteration + 1):
+                    self.evaluate(step.iteration + 1)
                 continue
             lg = self.logs.setdefault(step.iteration, RankLog())
             dur = time.time() - t0
@@ -190,7 +196,31 @@ class Engine:
             lg = self.logs.setdefault(t, RankLog())
             lg.stats.update(stats)
             if call.role == "actor" and self.cfg.algo in RL_ALGOS:
-                lg.stats.update(rollout_metrics(batch))
+                lg.stats.update(rollout_metrics(batch, self.cfg))
+
+    def evaluate(self, t: int) -> None:
+        """Evaluate the actor as it stands before iteration t (meshrl/algo/evaluate.py), on every
+        rank: the ranks of the actor's home layout generate their replica's part of the eval
+        prompts, each replica's holder sends its rewards to rank 0, which puts the figures in its
+        log of iteration t."""
+        role = self.roles["actor"]
+        if role.offloaded:
+            role.reload()
+        home = role.home
+        mine = None
+        if self.rank in home.mesh.ranks:
+            dp_i, _, pp_i = home.coords_of(self.rank)
+            h = role.handle(home)
+            batch = eval_batch(self.cfg, self.tok)
+            part = batch.split(home.layout.dp)[dp_i] if home.layout.dp > 1 else batch.select(torch.arange(len(batch)))
+            place = Place(dp_i, home.layout.dp, 1, holds_output=pp_i == home.layout.pp - 1)
+            rows = eval_rows(h, part, CallContext(self.cfg, t, self.tok, algo="eval"), place)
+            mine = rows if self.rank == home.holders()[dp_i] else None
+        out: list | None = [None] * dist.get_world_size() if self.rank == 0 else None
+        comm.gather_object(mine, out, 0, comm.control(None))
+        if out is not None:
+            merged = Batch.merge([b for b in out if b is not None])
+            self.logs.setdefault(t, RankLog()).stats.update(eval_metrics(merged, self.cfg))
 
     def _transfer(self, step: Step) -> None:
         t = step.iteration

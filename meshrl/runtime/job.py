@@ -66,10 +66,11 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
         raise UserError(f"--nprocs must be >= 1, got {nprocs}")
     plan, note = resolve_plan(cfg, plan_spec, world)
     start = 0
-    if resume:
-        ck = latest_checkpoint(out)
-        if ck is None:
-            raise UserError(f"--resume: no checkpoint in {out}")
+    ck = latest_checkpoint(out) if resume else None
+    if resume and ck is None and not quiet:
+        # killed before its first checkpoint (in the warm-up, say): the same command starts over
+        print(f"--resume: no checkpoint in {out} yet, so the run starts from the beginning")
+    if ck is not None:
         saved = ExecutionPlan.load(ck / "plan.json")
         if saved.to_dict()["calls"] != plan.to_dict()["calls"] or saved.async_gen != plan.async_gen:
             plan = saved  # resume under the plan the checkpoint was written with (async: its batch ahead)

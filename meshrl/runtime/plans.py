@@ -1,23 +1,19 @@
 """``--plan STRATEGY|FILE.json`` -> a validated ExecutionPlan for the ranks of this run.
 
 Strategies come from the planner (meshrl/plan/strategies.py). On CPU without a measured profile
-the planner has no costs for the device, so the plan's *shape* is chosen with the a100-80g preset
-as a stand-in (the strategies' structure does not depend on the device for models this small) and
-the run says so; the plan still runs on the CPU ranks.
+the planner prices a stand-in preset and the run says so (meshrl/plan/fallback.py, shared with
+`meshrl plan`); the plan still runs on the CPU ranks.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 from ..algo.graph import graph_for
 from ..config import Config
 from ..errors import UserError
 from ..plan.execution_plan import Cluster, ExecutionPlan
-
-STAND_IN_DEVICE = "a100-80g"
 
 
 def run_cluster(cfg: Config, world: int) -> Cluster:
@@ -29,20 +25,15 @@ def run_cluster(cfg: Config, world: int) -> Cluster:
 
 
 def _problem(cfg: Config, cluster: Cluster, async_gen: int | None):
+    """The planning problem for this run's ranks, with the planner's one fallback for a CPU without
+    a profile (meshrl/plan/fallback.py, as `meshrl plan`)."""
+    from ..plan.fallback import planning_config
     from ..plan.problem import problem_from_config
 
     pcfg = copy.deepcopy(cfg)
     pcfg.cluster.nodes, pcfg.cluster.devices_per_node = cluster.nodes, cluster.devices_per_node
-    note = ""
-    if cluster.device == "cpu" and not _has_cpu_profile():
-        pcfg.cluster.device = STAND_IN_DEVICE
-        note = f"(no CPU profile: plan shape chosen with {STAND_IN_DEVICE} costs; run `meshrl profile` for real ones)"
+    pcfg, note = planning_config(pcfg)
     return problem_from_config(pcfg, async_gen=async_gen), note
-
-
-def _has_cpu_profile() -> bool:
-    path = os.environ.get("MESHRL_PROFILE") or str(Path.home() / ".cache" / "meshrl" / "profile-cpu.json")
-    return Path(path).is_file()
 
 
 def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = None) -> tuple[ExecutionPlan, str]:
@@ -106,7 +97,7 @@ def check_memory(cfg: Config, plan: ExecutionPlan) -> None:
     cap = problem.hw.mem_bytes
     for name, (need, rank) in problem.call_memory(plan).items():
         if need > cap:
-            where = f" (priced as {STAND_IN_DEVICE}: no CPU profile)" if note else ""
+            where = f" ({note})" if note else ""
             raise UserError(f"plan call {name} does not fit in memory: it needs {need / 2**30:.2f} GiB "
                             f"({int(need)} bytes) on rank {rank}, more than the {cap / 2**30:.0f} GiB "
                             f"of one {problem.hw.name} device{where}; use more devices, more tp/pp, or a smaller model")

@@ -147,7 +147,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     import time
 
     from ..algo.trainer import console_keys
-    from ..observe.metrics import MetricsWriter, summary_line
+    from ..observe.metrics import MetricsWriter, no_signal_note, summary_line
     from .checkpoint import export_trained, latest_checkpoint, load_checkpoint, save_checkpoint
 
     rank = dist.get_rank()
@@ -175,6 +175,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
         for r in kept:
             writer.write(r)
     last = [time.time()]
+    noted: list[int] = []  # the no-signal note is given once
 
     def on_end(t: int, logs: list[RankLog] | None) -> None:
         if logs is not None:
@@ -196,6 +197,10 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
             writer.write(rec)
             trace.save(Path(out) / "trace.json")
         log(summary_line(rec, console_keys(cfg.algo) + ("time/iteration",)))  # the trainer's line, timed
+        note = no_signal_note(rec) if not noted else None
+        if note:
+            noted.append(t)
+            log(note)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(reward=f"{rec.get('reward/mean', float('nan')):.3f}")

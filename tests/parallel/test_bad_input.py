@@ -87,9 +87,33 @@ def test_shardmap_validation_messages():
 def test_summary_fails_on_a_large_difference_or_different_tokens():
     from meshrl.parallel.verify import TOLERANCE, summarize
 
-    good = {"logits": 1e-7, "logprobs": 1e-7, "grads": 1e-6, "params": 1e-6, "loss": 1e-7,
-            "generate_equal": True, "sample_equal": True}
-    assert summarize("dp2tp1pp1@2-3", [None, None, good, good])["ok"]
-    rec = summarize("dp2tp1pp1@2-3", [None, None, good, {**good, "grads": 10 * TOLERANCE}])
+    good = {"logits": 1e-7, "logprobs": 1e-7, "grads": 1e-6, "params": 1e-6, "loss": 1e-7, "grad_norm": 1e-7,
+            "full_state": 1e-6, "generate_equal": True, "sample_equal": True}
+    r2, r3 = {**good, "rank": 2}, {**good, "rank": 3}
+    assert summarize("dp2tp1pp1@2-3", [None, None, r2, r3])["ok"]
+    rec = summarize("dp2tp1pp1@2-3", [None, None, r2, {**r3, "grads": 10 * TOLERANCE}])
     assert not rec["ok"] and rec["ranks"] == [2, 3] and rec["grads_max_rel_diff"] == 10 * TOLERANCE
-    assert not summarize("dp2tp1pp1@2-3", [None, None, good, {**good, "generate_equal": False}])["ok"]
+    assert not summarize("dp2tp1pp1@2-3", [None, None, r2, {**r3, "generate_equal": False}])["ok"]
+
+
+def test_summary_fails_when_evidence_is_missing():
+    """A check must fail when a rank did not report (issue 18, item 10): not max(..., default=0)."""
+    from meshrl.parallel.mesh import Placement
+    from meshrl.parallel.verify import summarize
+
+    full = {"logits": 1e-7, "logprobs": 1e-7, "grads": 1e-6, "params": 1e-6, "loss": 1e-7, "grad_norm": 1e-7,
+            "generate_equal": True, "sample_equal": True}
+    ranks = [{**full, "rank": r, **({"full_state": 1e-6} if r == 0 else {})} for r in range(4)]
+    assert summarize("dp2tp1pp2@0-3", ranks)["ok"]
+    rec = summarize("dp2tp1pp2@0-3", [None] * 4)
+    assert not rec["ok"] and "rank 0: no result" in rec["missing"]
+    assert not summarize("dp2tp1pp2@0-3", ranks[:3] + [None])["ok"]  # one rank silent
+    no_params = [ranks[0], ranks[1], {k: v for k, v in ranks[2].items() if k != "params"}, ranks[3]]
+    assert summarize("dp2tp1pp2@0-3", no_params)["missing"] == ["rank 2: no params"]
+    # the last pipeline stage (pp index 1) must report logits; the first need not
+    last = [r for r in range(4) if Placement.parse("dp2tp1pp2@0-3").coords_of(r)[2] == 1][0]
+    no_logits = [{k: v for k, v in r.items() if not (r["rank"] == last and k == "logits")} for r in ranks]
+    assert not summarize("dp2tp1pp2@0-3", no_logits)["ok"]
+    assert not summarize("dp2tp1pp2@0-3", [ranks[0], {**ranks[1], "loss": float("nan")}, *ranks[2:]])["ok"]
+    no_full = [{k: v for k, v in r.items() if k != "full_state"} for r in ranks]
+    assert summarize("dp2tp1pp2@0-3", no_full)["missing"] == ["no rank: full_state"]

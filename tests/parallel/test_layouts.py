@@ -94,3 +94,26 @@ def test_gradient_norm_without_clipping(pool):
     # max_grad_norm=0 turns clipping off; every layout still reports the one-process norm (checked
     # with the gradients in "grads_max_rel_diff"), not NaN.
     _check(pool, [(NO_CLIP, "dp2tp2pp1@0-3"), (NO_CLIP, "dp1tp2pp2@4-7")])
+
+
+# The families beyond LLaMA. MoE: experts sharded over tp (1 expert a rank at tp=8), the router
+# replicated; Qwen3: per-head q/k norms (summed over tp), KV heads replicated at tp=8; Mixtral's
+# names and float32 routing weights; Llama 3.x RoPE scaling (positions run past its original 8).
+MOE = Probe("tiny-moe", seed=1)
+MIXTRAL = Probe(get_preset("tiny-moe").replace(model_type="mixtral", intermediate_size=64, moe_intermediate_size=64,
+                                               num_experts_per_tok=3), seed=2)
+QWEN3 = Probe("tiny-qwen3", seed=1)
+LLAMA3 = Probe("tiny-llama3", seed=1)
+
+
+@pytest.mark.parametrize("layout", ["dp1tp8pp1@0-7", "dp2tp2pp2@0-7", "dp1tp4pp2@0-7"])
+def test_moe_experts_over_tp(pool, layout):
+    _check(pool, [(MOE, layout)])
+
+
+@pytest.mark.parametrize("jobs", [[(QWEN3, "dp1tp8pp1@0-7")], [(QWEN3, "dp1tp2pp4@0-7")],
+                                  [(MIXTRAL, "dp1tp4pp1@0-3"), (LLAMA3, "dp2tp2pp1@4-7")],
+                                  [(MIXTRAL, "dp2tp1pp2@0-3"), (LLAMA3, "dp1tp4pp1@4-7")]],
+                         ids=["qwen3-tp8", "qwen3-tp2pp4", "mixtral-tp4+llama3-dp2tp2", "mixtral-dp2pp2+llama3-tp4"])
+def test_families(pool, jobs):
+    _check(pool, jobs)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 
@@ -15,7 +16,7 @@ BASE = ["cluster.device=h100-80g", "cluster.devices_per_node=8", "models.actor=l
 
 def test_plan_prints_call_table_comparison_and_explanation(capsys, tmp_path):
     trace, png, saved = tmp_path / "t.json", tmp_path / "g.png", tmp_path / "plan.json"
-    assert main(["plan", *BASE, "--budget", "0.5", "--trace", str(trace), "--gantt", str(png),
+    assert main(["plan", *BASE, "--steps", "200", "--trace", str(trace), "--gantt", str(png),
                  "--save", str(saved)]) == 0
     out = capsys.readouterr().out
     for word in ("actor_gen", "critic_train", "layout", "colocated", "interleaved", "disaggregated",
@@ -28,7 +29,7 @@ def test_plan_prints_call_table_comparison_and_explanation(capsys, tmp_path):
 
 
 def test_plan_json_schema(capsys):
-    assert main(["plan", *BASE, "--json", "--budget", "0.5"]) == 0
+    assert main(["plan", *BASE, "--json", "--steps", "200"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"strategies", "search_s"} and data["search_s"] > 0
     assert set(data["strategies"]) == set(NAMES)
@@ -54,7 +55,8 @@ def test_one_strategy(capsys):
     (["models.critic=llama3-9000b"], "unknown model preset 'llama3-9000b'"),
     (["cluster.device=tpu"], "unknown device 'tpu'"),
     (["--strategy", "fastest"], "unknown strategy 'fastest'"),
-    (["--budget", "0"], "--budget must be positive"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--time-limit", "-1"], "--time-limit must be > 0"),
     (["clusters.nodes=2"], "unknown config key 'clusters'"),
 ])
 def test_bad_input_gets_one_clear_message(capsys, args, message):
@@ -63,9 +65,23 @@ def test_bad_input_gets_one_clear_message(capsys, args, message):
     assert err.startswith("meshrl plan: error: ") and message in err and "Traceback" not in err
 
 
-def test_cpu_without_profile_says_how_to_make_one(capsys, tmp_path, monkeypatch):
+def test_cpu_without_profile_falls_back_as_train_does_and_says_so(capsys, tmp_path, monkeypatch):
+    """Issue 18, item 6: bare `meshrl plan` is useful, with the same fallback as `train --nprocs`."""
     monkeypatch.setenv("MESHRL_PROFILE", str(tmp_path / "none.json"))
-    assert main(["plan", "cluster.device=cpu"]) == 2
+    assert main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert "no CPU profile" in out and "run `meshrl profile`" in out and "a100-80g" in out
+    assert "to plan a cluster" in out and "plan: search" in out
+    from meshrl.config import load_config
+    from meshrl.plan.fallback import planning_config
+    from meshrl.runtime.plans import resolve_plan
+
+    _, note = resolve_plan(load_config(None, []), "colocated", 2)
+    assert note == planning_config(load_config(None, []))[1] != ""  # one behaviour, one message
+    # a profile named on the command line must exist; --validate measures, so it needs one too
+    assert main(["plan", "--profile", str(tmp_path / "none.json")]) == 2
+    assert "run `meshrl profile`" in capsys.readouterr().err
+    assert main(["plan", "--validate", "--strategy", "colocated"]) == 2
     assert "run `meshrl profile`" in capsys.readouterr().err
 
 
@@ -88,7 +104,7 @@ def test_profile_quick_writes_a_profile_the_planner_reads(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "usable cores" in out and "pipeline hop" in out
     assert main(["plan", "cluster.device=cpu", "cluster.devices_per_node=2", "--profile", str(path), "--json",
-                 "--budget", "0.5"]) == 0
+                 "--steps", "200"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["strategies"]["search"]["feasible"]
 
@@ -101,3 +117,71 @@ def test_the_planner_never_imports_torch():
     code = ("import sys, meshrl.plan.report, meshrl.plan.search, meshrl.commands.plan, meshrl.commands.profile; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_plan_prices_the_response_lengths_an_earlier_run_measured(capsys, tmp_path):
+    """--lengths-from OUT/ reads response/length and response/length_max from OUT/metrics.jsonl:
+    shorter responses than the budget make every plan faster; a missing file is named."""
+    run = tmp_path / "run"
+    run.mkdir()
+    recs = [{"iteration": i, "response/length": 30.0 + i, "response/length_max": 60.0} for i in range(3)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    common = [*BASE, "--strategy", "colocated", "--json"]
+    assert main(["plan", *common]) == 0
+    full = json.loads(capsys.readouterr().out)["strategies"]["colocated"]["iteration_s"]
+    assert main(["plan", *common, "--lengths-from", str(run)]) == 0
+    short = json.loads(capsys.readouterr().out)["strategies"]["colocated"]["iteration_s"]
+    assert short < 0.8 * full
+    assert main(["plan", *BASE, "--strategy", "colocated", "--lengths-from", str(run)]) == 0
+    assert "mean 31.0, longest of a batch 60.0" in capsys.readouterr().out
+    assert main(["plan", *common, "--lengths-from", str(tmp_path / "nothing")]) != 0
+    assert "metrics.jsonl does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_calibrate_refits_a_deliberately_bad_run_and_finds_a_better_plan(capsys, tmp_path):
+    """A real 2-rank run of a bad plan (every call pipelined over both ranks, one micro-batch: the
+    stages take turns), then --calibrate OUT/: every modelled call gets measured / predicted as its
+    factor, the run's plan under the refitted costs lands near its measured iteration, and the
+    re-plan is faster than the run's plan under the same refitted costs."""
+    from meshrl.plan.calibrate import read_run, refit
+    from meshrl.plan.execution_plan import ExecutionPlan
+    from meshrl.plan.problem import problem_from_config
+    from meshrl.config import load_config
+    from meshrl.runtime.validate import rule_calls
+
+    from .test_validate import PROFILE
+
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps(PROFILE))
+    calls = ["actor_gen", "reward_inf", "ref_inf", "critic_inf", "actor_train", "critic_train"]
+    bad = {"cluster": {"nodes": 1, "devices_per_node": 2, "device": "cpu"}, "strategy": "bad-pp2",
+           "calls": {n: {"mesh": "0-1", "layout": "dp1tp1pp2", "micro_batches": 1} for n in calls}}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    out = tmp_path / "run"
+    assert main(["train", "--nprocs", "2", "--plan", str(tmp_path / "bad.json"), "--out", str(out), "--no-progress",
+                 "train.iterations=3", "data.batch_size=8", "data.gen_len=4", "data.prompt_len=8",
+                 "sft.warmup=false"]) == 0
+    capsys.readouterr()
+    saved = tmp_path / "new.json"
+    assert main(["plan", "--calibrate", str(out), "--profile", str(prof), "--steps", "300", "--save", str(saved)]) == 0
+    text = capsys.readouterr().out
+    for word in ("predicted (before the refit) against measured", "refitted cost per call", "re-planned (search)",
+                 "against", "gain"):
+        assert word in text
+    gain = float(re.search(r"gain ([\d.]+)x", text).group(1))
+    assert gain > 1.0
+    new = ExecutionPlan.load(saved)
+    ran = ExecutionPlan.load(out / "plan.json")
+    assert set(new.calls) == set(calls) and new.to_dict()["calls"] != ran.to_dict()["calls"]
+    # The factors are the run's own measured / predicted seconds.
+    cfg_path, plan, records = read_run(out)
+    cfg = load_config(str(cfg_path), ["cluster.device=cpu", "cluster.devices_per_node=2"])
+    problem = problem_from_config(cfg, str(prof))
+    fit = refit(problem, plan, records, rule_calls(cfg, plan))
+    for r in fit.rows:
+        if r.kind == "call" and r.modelled:
+            assert fit.scales[r.name] == pytest.approx(r.measured / r.predicted)
+            assert fit.problem.call_estimate(r.name, plan.calls[r.name]).time_s == pytest.approx(r.measured)
+    assert main(["plan", "--calibrate", str(tmp_path / "nothing")]) != 0
+    assert "config.yaml does not exist" in capsys.readouterr().err

@@ -82,3 +82,43 @@ def test_the_dp_bucket_is_the_runtimes():
     from meshrl.plan.estimator import DP_BUCKET_BYTES
 
     assert DP_BUCKET_BYTES == BUCKET_BYTES
+
+
+def test_a_decoding_step_pays_the_fitted_bandwidth_share_and_overhead():
+    """Weights + KV bytes over (datasheet bandwidth x hbm_eff), plus step_overhead per stage step."""
+    shape = RunShape(prompt_len=16, gen_len=2, batch_size=1)  # prefill + exactly one decoding step
+    g = est("generate", shape=shape)
+    pre = est("generate", shape=RunShape(16, 1, 1))
+    step = g.time_s - pre.time_s
+    mc = model_costs(SEVEN)
+    weights = mc.max_stage_params(1) * 2
+    assert step == pytest.approx(weights / (H100.hbm_bw * H100.hbm_eff) + H100.step_overhead, rel=0.02)
+    assert 0 < H100.hbm_eff < 1 and H100.step_overhead > 0
+
+
+def test_training_efficiency_grows_with_the_matmul_width():
+    assert H100.flops_at(4096) > H100.flops_at(1024) > 0
+    assert H100.flops_at(4096, tp=4) == pytest.approx(H100.flops_at(1024))
+    assert H100.flops_at(10**9) == pytest.approx(H100.peak_flops * H100.mfu, rel=1e-3)  # the plateau
+
+
+def test_response_lengths_drive_the_estimate_as_the_engine_runs_a_batch():
+    full = RunShape(128, 512, 64)
+    short = RunShape(128, 512, 64, gen_len_mean=128)
+    # A batch waits for its longest row: with only a mean known, 64 rows are priced at the budget...
+    assert est("generate", shape=short).time_s == pytest.approx(est("generate", shape=full).time_s)
+    assert est("train", shape=short).time_s == pytest.approx(est("train", shape=full).time_s)
+    # ...one row runs to the mean...
+    one, one_short = RunShape(128, 512, 1), RunShape(128, 512, 1, gen_len_mean=128)
+    assert est("generate", shape=one_short).time_s < 0.4 * est("generate", shape=one).time_s
+    # ...a measured longest row shortens every call...
+    measured = RunShape(128, 512, 64, gen_len_mean=128, gen_len_longest=256)
+    assert est("generate", shape=measured).time_s < 0.6 * est("generate", shape=full).time_s
+    assert est("train", shape=measured).time_s < est("train", shape=full).time_s
+    # ...and compacting rows (packing sequences) pays the mean per row and the longest in steps.
+    packed = RunShape(128, 512, 64, gen_len_mean=128, gen_len_longest=256, compact=True)
+    assert est("generate", shape=packed).time_s < est("generate", shape=measured).time_s
+    assert est("train", shape=packed).time_s < est("train", shape=measured).time_s
+    # The KV cache is sized for the budget, unless a paged engine holds only the tokens it runs.
+    assert est("generate", shape=measured).mem_bytes == est("generate", shape=full).mem_bytes
+    assert est("generate", shape=packed).mem_bytes < est("generate", shape=full).mem_bytes

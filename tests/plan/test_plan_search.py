@@ -1,6 +1,6 @@
-"""Search quality: within 2% of the exhaustive optimum on 10 settings of up to 16 devices, and
-never worse than the best strategy. Runs are capped by evaluations, so they do not depend on
-how busy the machine is."""
+"""Search quality: the exhaustive optimum on 10 settings of up to 16 devices (what the README
+claims), and never worse than the best strategy. The search's budget is counted in evaluations, so
+these results do not depend on the machine or how busy it is."""
 
 import pytest
 
@@ -38,13 +38,13 @@ SETTINGS = {
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_search_is_within_2_percent_of_exhaustive(name):
+def test_search_finds_the_exhaustive_optimum(name):
     prob = problem(*SETTINGS[name])
-    found = search(prob, budget_s=60, max_evals=1500, seed=0)
+    found = search(prob, steps=1500, seed=0)
     best = exhaustive(prob, time_limit_s=120, upper=found.plan)  # exact whatever the start (see below)
     assert prob.feasible(found.plan) and prob.feasible(best.plan)
     assert best.iteration_s <= found.iteration_s * (1 + 1e-9)
-    assert found.iteration_s <= 1.02 * best.iteration_s, (found.iteration_s, best.iteration_s)
+    assert found.iteration_s <= best.iteration_s * (1 + 1e-9), (found.iteration_s, best.iteration_s)
 
 
 def test_exhaustive_is_exact_on_a_tiny_space():
@@ -69,7 +69,7 @@ def test_search_never_worse_than_the_strategies(size, actor, gen):
     batch = 2**17 // (128 + gen)
     prob = problem(f"cluster.nodes={nodes}", "cluster.devices_per_node=8", *models(actor, "llama2-7b"),
                    f"data.gen_len={gen}", f"data.batch_size={batch}")
-    results, _ = compare(prob, [*BUILDERS, "search"], budget_s=1.0)
+    results, _ = compare(prob, [*BUILDERS, "search"], steps=300)
     best = min(r.iteration_s for n, r in results.items() if n != "search" and r.feasible)
     assert results["search"].feasible and results["search"].iteration_s <= best * (1 + 1e-9)
 
@@ -77,4 +77,4 @@ def test_search_never_worse_than_the_strategies(size, actor, gen):
 def test_a_model_that_fits_nowhere_is_named():
     prob = problem(*models("llama2-70b"))
     with pytest.raises(UserError, match=r"models.actor \(68.98B parameters\) fits nowhere"):
-        search(prob, budget_s=1)
+        search(prob, steps=10)

@@ -119,9 +119,10 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
     meta = json.loads((out / done[-1] / "meta.json").read_text()) if done else {}
     print(f"{mode} trial {trial}: SIGKILL after {delay:.1f} s; newest checkpoint: {done[-1] if done else 'none'}"
           f"{' (with iteration %d generated ahead)' % meta['ahead'] if meta.get('ahead') else ''}")
-    proc = _start(out, ["--resume"] if done else [], {}, plan)
+    proc = _start(out, ["--resume"], {}, plan)  # the same command + --resume, whenever it was killed
     text, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, text
+    assert ("starts from the beginning" in text) == (not done), text
     got = _final_params(out)
     assert sorted(got) == sorted(want)
     assert all(torch.equal(got[k], want[k]) for k in want), f"{mode} trial {trial} (killed after {delay:.1f} s)"

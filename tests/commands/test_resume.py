@@ -1,0 +1,43 @@
+"""`--resume` whenever a job was killed (issue 18, item 3): before its first checkpoint the same
+command + --resume starts over and says so, and ends as the uninterrupted job; a resume that
+would configure another run is refused."""
+
+from safetensors.torch import load_file
+
+from meshrl.cli import main
+
+ARGS = ["data.batch_size=4", "data.gen_len=4", "sft.steps=2", "sft.batch_size=8", "train.iterations=2",
+        "--nprocs", "1", "--no-progress"]
+
+
+def test_killed_before_the_first_checkpoint_resume_starts_over(tmp_path, capsys, monkeypatch):
+    assert main(["train", *ARGS, "--out", str(tmp_path / "a")]) == 0
+    out = tmp_path / "b"
+    monkeypatch.setenv("MESHRL_FAULT", "0:actor_gen")  # the rank dies at its first generation
+    assert main(["train", *ARGS, "--out", str(out)]) == 1
+    assert (out / "config.yaml").is_file() and not list(out.glob("ckpt-*"))
+    monkeypatch.delenv("MESHRL_FAULT")
+    capsys.readouterr()
+    assert main(["train", *ARGS, "--out", str(out)]) == 2  # the run is there: not silently replaced
+    assert "--resume" in capsys.readouterr().err
+    assert main(["train", *ARGS, "--out", str(out), "--resume"]) == 0
+    assert "no checkpoint in" in capsys.readouterr().out
+    want, got = load_file(tmp_path / "a/actor/model.safetensors"), load_file(out / "actor/model.safetensors")
+    assert sorted(got) == sorted(want) and all((got[k] == want[k]).all() for k in want)
+
+
+def test_resume_into_an_empty_directory_starts_from_the_beginning(tmp_path, capsys):
+    assert main(["train", *ARGS, "--out", str(tmp_path / "new"), "--resume"]) == 0
+    assert "starts from the beginning" in capsys.readouterr().out
+    assert (tmp_path / "new" / "actor" / "model.safetensors").is_file()
+
+
+def test_resume_with_another_config_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *ARGS, "--out", str(out)]) == 0
+    before = (out / "metrics.jsonl").read_bytes()
+    capsys.readouterr()
+    assert main(["train", *ARGS, "optim.lr=0.5", "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "optim.lr: 0.001 in the run, 0.5 now" in err and "Traceback" not in err
+    assert (out / "metrics.jsonl").read_bytes() == before

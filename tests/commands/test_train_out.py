@@ -1,0 +1,40 @@
+"""`meshrl train --out DIR` never replaces an existing run silently (issue 18, item 2)."""
+
+from meshrl.cli import main
+
+TINY = ["train.iterations=1", "sft.steps=2", "data.batch_size=4", "sft.batch_size=8", "--no-progress"]
+
+
+def snapshot(out):
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_an_existing_run_is_refused_then_replaced_only_with_overwrite(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")  # not the run's: --overwrite must leave it
+    before = snapshot(out)
+    capsys.readouterr()
+    assert main(["train", *TINY, "train.seed=2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--resume" in err and "--overwrite" in err and "--out" in err
+    assert "Traceback" not in err
+    assert snapshot(out) == before  # nothing on disk changed
+
+    assert main(["train", *TINY, "train.seed=2", "--out", str(out), "--overwrite"]) == 0
+    after = snapshot(out)
+    assert after["notes.txt"] == b"mine"
+    assert "train:\n  iterations: 1\n  seed: 2" in after["config.yaml"].decode()
+    assert after["actor/model.safetensors"] != before["actor/model.safetensors"]
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path, capsys):
+    assert main(["train", *TINY, "--out", str(tmp_path / "o"), "--resume", "--overwrite"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_empty_or_foreign_directory_is_used(tmp_path):
+    (tmp_path / "data.txt").write_text("x")
+    assert main(["train", *TINY, "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "data.txt").read_text() == "x" and (tmp_path / "actor").is_dir()
