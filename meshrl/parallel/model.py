@@ -38,7 +38,8 @@ class ParallelModel:
     """This rank's stage of a CausalLM (or ValueModel with ``value_head``) under ``placement``."""
 
     def __init__(self, cfg: ModelConfig, groups: RankGroups, load: SliceLoader, value_head: bool = False,
-                 optim: AdamWConfig | None = None, timeout_s: float = 300.0) -> None:
+                 optim: AdamWConfig | None = None, timeout_s: float = 300.0,
+                 activation_checkpointing: bool = False) -> None:
         """Build this rank's part; ``groups`` from ``GroupCache.for_placement(placement,
         cfg.num_key_value_heads)`` (which every rank of the world calls). See ``create``."""
         placement = groups.placement
@@ -46,6 +47,8 @@ class ParallelModel:
         self.sm: ShardMap = shard_map(cfg, placement, value_head)
         self.groups = groups
         self.stage = Stage(self.sm, self.groups, load, comm.compute_device())
+        if activation_checkpointing:
+            self.stage.checkpoint_activations()
         self.pipe = Pipe(self.groups.pp, timeout_s, self.stage.device)
         self.named: dict[str, nn.Parameter] = dict(self.stage.param_of)
         self.optim_cfg = optim

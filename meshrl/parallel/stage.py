@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from ..model.moe import ExpertList
@@ -105,6 +106,18 @@ class Stage(nn.Module):
         param = nn.Parameter(tensor)
         setattr(owner, attr, param)
         self.param_of[name] = param
+
+    def checkpoint_activations(self) -> None:
+        """``train.activation_checkpointing``: each layer keeps only its input for the backward and
+        recomputes the rest there (one more forward per layer, activations of one layer alive
+        instead of all). Only with gradients on and no KV cache: inference and generation run as
+        before. A recomputed layer repeats its tp all-reduces, in the same order on every tp rank."""
+        for layer in self.model.layers:
+            def run(*args, _fwd=layer.forward):
+                if torch.is_grad_enabled() and args[4] is None:  # (h, cos, sin, mask, cache, ...)
+                    return torch.utils.checkpoint.checkpoint(_fwd, *args, use_reentrant=False)
+                return _fwd(*args)
+            layer.forward = run
 
     @property
     def dtype(self) -> torch.dtype:

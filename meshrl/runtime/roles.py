@@ -140,8 +140,13 @@ class RoleModels:
         if self.trained or pm is None or placement in self.offloaded:
             return
         self.offloaded[placement] = pm.stage.device
+        pin = pm.stage.device.type == "cuda"  # pinned host pages: the copies back run as DMA, async
         for p in pm.named.values():
-            p.data = p.data.to("cpu", copy=True)
+            host = torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin)
+            host.copy_(p.data, non_blocking=pin)
+            p.data = host
+        if pin:
+            torch.cuda.current_stream(pm.stage.device).synchronize()  # host copies complete before use
         self.offloads += 1
 
     @torch.no_grad()
@@ -149,7 +154,7 @@ class RoleModels:
         """Bring every offloaded model of the role on this rank back to its device."""
         for placement, device in self.offloaded.items():
             for p in self.models[placement].named.values():
-                p.data = p.data.to(device)
+                p.data = p.data.to(device, non_blocking=p.data.is_pinned())
         self.offloaded.clear()
 
     def refresh(self, dst: Placement, rank: int, timeout_s: float) -> int:
@@ -192,6 +197,8 @@ def build_roles(cfg: Config, graph: Graph, plan: ExecutionPlan, states: dict, ca
                 continue
             optim = adamw_for(cfg, role) if rm.trained and pl == home else None
             rm.models[pl] = ParallelModel.create(mcfg, pl, cache, load, value_head=role in VALUE_ROLES,
-                                                 optim=optim, timeout_s=timeout_s)
+                                                 optim=optim, timeout_s=timeout_s,
+                                                 activation_checkpointing=optim is not None
+                                                 and cfg.train.activation_checkpointing)
             rm.dtype = rm.models[pl].dtype
     return out
