@@ -103,6 +103,7 @@ class PPOConfig:
     kl_mode: str = "auto"  # reward (penalty in the reward) | loss (KL loss term) | auto: loss for grpo
     kl_estimator: str = "auto"  # k1 | k2 | k3 | abs | auto: k1 in the reward, k3 as a loss
     entropy_coef: float = 0.0
+    moe_aux_coef: float = 0.0  # MoE actors: router load-balancing loss, mean over rows and MoE layers (model/moe.py)
     whiten_advantages: bool = True  # PPO: whiten GAE advantages over the mini-batch
     normalize_rewards: bool = False  # PPO/ReMax: whiten sequence scores over the iteration's batch
     grpo_std: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO style)
@@ -196,6 +197,9 @@ class Config:
             val = getattr(self.data, key)
             if val is not None and not 1 <= val <= self.data.gen_len:
                 raise UserError(f"data.{key}={val} must be between 1 and data.gen_len={self.data.gen_len}")
+        from .config_checks import check_ranges
+
+        check_ranges(self)  # every other key's range (meshrl/config_checks.py)
 
 
 def _field_types(cls) -> dict[str, object]:

@@ -151,7 +151,7 @@ def actor_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) ->
         lr = scheduled_step(h, ctx, steps)
         extra.setdefault("optim/lr", lr)
         h.forward_backward(part, _actor_loss_fn(cfg, mode, est, norm, stats), micro,
-                           entropy=cfg.ppo.entropy_coef != 0.0)
+                           entropy=cfg.ppo.entropy_coef != 0.0, moe_aux=cfg.ppo.moe_aux_coef / norm.seqs)
         stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
         steps += 1
     sums = reduce_stats(stats, place) if place.holds_output else {}

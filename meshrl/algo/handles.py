@@ -16,6 +16,7 @@ from torch import nn
 
 from ..model.generation import GenerationConfig, GenerationOutput, generate
 from ..model.heads import HeadOutputs, split_micro
+from ..model.moe import set_moe_aux
 
 LossFn = Callable[[HeadOutputs, Mapping[str, torch.Tensor]], torch.Tensor]
 
@@ -35,8 +36,9 @@ class ModelHandle(Protocol):
                  ) -> GenerationOutput: ...
 
     def forward_backward(self, batch: Mapping[str, torch.Tensor], loss_fn: LossFn, micro_batches: int = 1,
-                         entropy: bool = False) -> float:
-        """Accumulate the gradient of sum(loss_fn(micro)) over micro-batches; returns that sum."""
+                         entropy: bool = False, moe_aux: float = 0.0) -> float:
+        """Accumulate the gradient of sum(loss_fn(micro)) over micro-batches; returns that sum.
+        ``moe_aux`` > 0 adds a MoE model's router balance loss (model/moe.py ``set_moe_aux``)."""
 
     def optimizer_step(self) -> float:
         """Clip, step, zero the gradients; returns the gradient norm before clipping."""
@@ -85,13 +87,17 @@ class LocalHandle:
         return generate(self.model, prompts, gen_cfg, seeds)
 
     def forward_backward(self, batch: Mapping[str, torch.Tensor], loss_fn: LossFn, micro_batches: int = 1,
-                         entropy: bool = False) -> float:
+                         entropy: bool = False, moe_aux: float = 0.0) -> float:
         self.model.train()
         total = 0.0
-        for mb in split_micro(batch, micro_batches):
-            loss = loss_fn(self._head(mb, entropy), mb)
-            loss.backward()
-            total += float(loss.detach())
+        set_moe_aux(self.model, moe_aux)
+        try:
+            for mb in split_micro(batch, micro_batches):
+                loss = loss_fn(self._head(mb, entropy), mb)
+                loss.backward()
+                total += float(loss.detach())
+        finally:
+            set_moe_aux(self.model, 0.0)
         return total
 
     def optimizer_step(self) -> float:

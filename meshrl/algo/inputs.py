@@ -42,6 +42,8 @@ def check_inputs(cfg: Config) -> None:
     if cfg.algo == "sft" and cfg.sft.path:
         raise UserError("sft.path is the SFT warm-up's data for the other algorithms; algo=sft trains on "
                         "data.path")
+    for key in ("data.path", "sft.path"):
+        check_file(key, getattr(cfg, key.split(".")[0]).path)
     roles = set(graph_for(cfg.algo, cfg.data.samples_per_prompt).roles()) | {"actor"}
     for role in ("actor", "ref", "critic", "reward"):
         spec = getattr(cfg.models, role)
@@ -75,6 +77,22 @@ def naming_lines(path: str | None):
             raise
         lines = [n for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
         raise UserError(f"{path}:{lines[int(m.group(2))]}: {m.group(3)}") from None
+
+
+def check_file(key: str, path: str | None) -> None:
+    """A data file the run will read: it exists, is a file, and can be read."""
+    if path is None:
+        return
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{key}: no file at {path}")
+    if not p.is_file():
+        raise UserError(f"{key}: {path} is not a file")
+    try:
+        with p.open("rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise UserError(f"{key}: cannot read {path} ({e.strerror})") from None
 
 
 def check_checkpoint(path: str, key: str, value_head: bool) -> None:

@@ -5,29 +5,35 @@ drift from the dataclasses)."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import functools
 import re
 import typing
+from pathlib import Path
 
 
-def _comments(cls) -> dict[str, str]:
-    """field -> the comment on its line (and the comment lines right below it) in the class source."""
-    try:
-        lines = inspect.getsource(cls).splitlines()
-    except (OSError, TypeError):
-        return {}
-    out: dict[str, str] = {}
-    current = None
-    for line in lines:
-        m = re.match(r"\s+(\w+): [^=]+=.*?(?:#\s*(.*))?$", line)
-        if m:
+@functools.lru_cache(maxsize=1)
+def _all_comments() -> dict[tuple[str, str], str]:
+    """(class name, field) -> the comment on the field's line (and the comment lines right below
+    it) in meshrl/config.py, read once (inspect.getsource per class took a second)."""
+    from .. import config
+
+    out: dict[tuple[str, str], str] = {}
+    cls = current = None
+    for line in Path(config.__file__).read_text().splitlines():
+        if m := re.match(r"class (\w+)", line):
+            cls, current = m.group(1), None
+        elif cls and (m := re.match(r"    (\w+): [^=]+=.*?(?:#\s*(.*))?$", line)):
             current = m.group(1)
-            out[current] = (m.group(2) or "").strip()
-        elif current and re.match(r"\s+#", line):
-            out[current] = (out[current] + " " + line.strip().lstrip("#").strip()).strip()
+            out[(cls, current)] = (m.group(2) or "").strip()
+        elif cls and current and re.match(r"\s+#", line):
+            out[(cls, current)] = (out[(cls, current)] + " " + line.strip().lstrip("#").strip()).strip()
         else:
             current = None
     return out
+
+
+def _comments(cls) -> dict[str, str]:
+    return {f: c for (k, f), c in _all_comments().items() if k == cls.__name__}
 
 
 def _type_name(tp) -> str:
@@ -56,6 +62,7 @@ def config_keys(cls=None, prefix: str = "", obj=None) -> list[tuple[str, str, st
     return rows
 
 
+@functools.lru_cache(maxsize=1)
 def config_epilog() -> str:
     rows = config_keys()
     width = max(len(k) + len(d) + 1 for k, _, d, _ in rows)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from ..errors import UserError
@@ -91,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
     # planner's one fallback for a CPU without one (meshrl/plan/fallback.py, as `train --nprocs`)
     pcfg, note = (cfg, "") if args.validate else planning_config(cfg, args.profile)
     problem = problem_from_config(pcfg, args.profile, args.async_gen)
+    cpu0 = time.process_time()
     results, search_s = compare(problem, names, steps, args.seed, args.time_limit)
+    cpu_s = time.process_time() - cpu0  # the planning's own cost; the wall time grows with the load
     chosen = "search" if "search" in results else names[0]
     res = results[chosen]
     for path in (args.trace, args.gantt, args.save):
@@ -127,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(comparison_table(results))
     if search_s:
-        print(f"(search: {search_s:.1f} s)")
+        print(f"(search: {steps} steps, seed {args.seed}: {search_s:.1f} s; planning took {cpu_s:.1f} s of CPU time)")
     print()
     print(explain(problem, results, chosen))
     for line in wrote:

@@ -154,12 +154,13 @@ def realloc_plan(src: ShardMap, dst: ShardMap, dtype_bytes: int = 2) -> ReallocP
     return plan
 
 
-def _layer_groups(src: ShardMap, dst: ShardMap) -> dict[tuple[int, int], list[int]]:
-    """Layers grouped by (source stage, destination stage): every layer of a group moves alike."""
-    out: dict[tuple[int, int], list[int]] = {}
+def _layer_groups(src: ShardMap, dst: ShardMap) -> dict[tuple[int, int, bool], list[int]]:
+    """Layers grouped by (source stage, destination stage, dense or MoE): every layer of a group
+    moves alike."""
+    out: dict[tuple[int, int, bool], list[int]] = {}
     for i in range(src.cfg.num_hidden_layers):
         name = f"model.layers.{i}.input_layernorm.weight"
-        out.setdefault((src.stages_of(name)[0], dst.stages_of(name)[0]), []).append(i)
+        out.setdefault((src.stages_of(name)[0], dst.stages_of(name)[0], src.cfg.is_moe_layer(i)), []).append(i)
     return out
 
 
@@ -169,7 +170,8 @@ def _holders(sm: ShardMap, name: str) -> list[tuple[int, Slice]]:
     lay, ranks = sm.placement.layout, sm.placement.mesh.ranks
     stages = sm.stages_of(name)
     by_tp = [sm.tp_slice(name, t) for t in range(lay.tp)]
-    return [(ranks[i], by_tp[i % lay.tp]) for i in range(lay.size) if i // (lay.tp * lay.dp) in stages]
+    return [(ranks[i], by_tp[i % lay.tp]) for i in range(lay.size)
+            if i // (lay.tp * lay.dp) in stages and by_tp[i % lay.tp] is not None]
 
 
 def link_bytes(cfg: ModelConfig, src: Placement, dst: Placement, value_head: bool = False,
@@ -194,10 +196,10 @@ def _link_bytes(cfg: ModelConfig, src: Placement, dst: Placement, value_head: bo
             if a != b:
                 out[(a, b)] += n * scale
 
-    layer0 = [n.split(".", 3)[3] for n in s.shapes if n.startswith("model.layers.0.")]
     for layers in _layer_groups(s, d).values():
-        for kind in layer0:
-            add(f"model.layers.{layers[0]}.{kind}", len(layers))
+        first = f"model.layers.{layers[0]}."
+        for name in (n for n in s.shapes if n.startswith(first)):
+            add(name, len(layers))
     for name in s.shapes:
         if not name.startswith("model.layers."):
             add(name, 1)

@@ -87,15 +87,17 @@ class ShardMap:
         raise KeyError(f"unknown parameter {name!r}")
 
     # ---- the slice a TP rank holds ---------------------------------------------------------
-    def tp_slice(self, name: str, tp_idx: int) -> Slice:
-        """Slice of the full parameter held by TP rank ``tp_idx`` (the same on every dp/pp coordinate)."""
+    def tp_slice(self, name: str, tp_idx: int) -> Slice | None:
+        """Slice of the full parameter held by TP rank ``tp_idx`` (the same on every dp/pp coordinate);
+        None for an expert that another tp rank holds."""
         shape, tp = self.shapes[name], self.placement.layout.tp
         full = tuple((0, n) for n in shape)
         if tp == 1:
             return full
         inner = name.split(".", 3)[-1] if name.startswith("model.layers.") else name
-        if expert_of(name) is not None:
-            return full  # whole experts; which rank holds one is slice_of's business
+        expert = expert_of(name)
+        if expert is not None:  # whole experts, E/tp per tp rank
+            return full if expert // (self.cfg.num_experts // tp) == tp_idx else None
         if name in ("model.embed_tokens.weight", "lm_head.weight") or inner.startswith(_COLUMN):
             return (_chunk(shape[0], tp, tp_idx),) + full[1:]
         if inner.startswith(_ROW):
@@ -115,9 +117,6 @@ class ShardMap:
             return None
         _, tp_idx, pp_idx = self.placement.coords_of(rank)
         if pp_idx not in self.stages_of(name):
-            return None
-        expert = expert_of(name)
-        if expert is not None and expert // (self.cfg.num_experts // self.placement.layout.tp) != tp_idx:
             return None
         return self.tp_slice(name, tp_idx)
 

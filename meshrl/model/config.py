@@ -123,6 +123,9 @@ class ModelConfig:
         if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ConfigError(f"num_experts_per_tok={self.num_experts_per_tok} must be in "
                               f"1..num_experts={self.num_experts}")
+        if self.model_type == "mixtral" and self.moe_intermediate_size != self.intermediate_size:
+            raise ConfigError(f"mixtral experts are intermediate_size={self.intermediate_size} wide, "
+                              f"but moe_intermediate_size={self.moe_intermediate_size}")
         if self.num_experts and (self.moe_intermediate_size <= 0 or self.decoder_sparse_step <= 0):
             raise ConfigError("moe_intermediate_size and decoder_sparse_step must be positive, got "
                               f"{self.moe_intermediate_size} and {self.decoder_sparse_step}")

@@ -114,7 +114,7 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = ExpertList([Expert(cfg) for _ in range(cfg.num_experts)])
         self.aux_weight = 0.0
-        self.last_aux: torch.Tensor | None = None  # sum over rows of the last forward's loss (detached)
+        self.num_moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> (logits [T, E], top-k weights [T, k], top-k expert ids [T, k])."""
@@ -132,6 +132,16 @@ class SparseMoE(nn.Module):
         if self.aux_weight > 0 and torch.is_grad_enabled():
             mask = token_mask if token_mask is not None else torch.ones(b, s, device=x.device)
             per_row = balance_loss_per_row(logits.view(b, s, -1), self.top_k, mask)
-            self.last_aux = per_row.detach().sum()
             out = _AddAuxGrad.apply(out, self.aux_weight * per_row.sum())
         return out
+
+
+def set_moe_aux(model: nn.Module, per_row: float) -> None:
+    """Make a training forward of ``model`` (a whole model or a pipeline stage) add
+    ``per_row / (number of MoE layers of the whole model) * sum over rows and layers`` of the
+    balance loss; 0 turns it off. A caller passes ``coef / rows of the whole mini-batch``, so the
+    term is ``coef x`` the mean over the mini-batch's rows and the model's MoE layers, whatever the
+    micro-batch, data- and pipeline-parallel split."""
+    for m in model.modules():
+        if isinstance(m, SparseMoE):
+            m.aux_weight = per_row / m.num_moe_layers

@@ -25,6 +25,7 @@ from ..layout.shardmap import ShardMap, check_shardable, shard_map
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
 from ..model.heads import Batch, HeadOutputs, LossFn, split_micro
+from ..model.moe import set_moe_aux
 from . import comm
 from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
@@ -145,7 +146,7 @@ class ParallelModel:
 
     # ---- training -------------------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossFn, micro_batches: int = 1,
-                         entropy: bool = False) -> float:
+                         entropy: bool = False, moe_aux: float = 0.0) -> float:
         """Accumulate the mini-batch gradient into every local parameter's ``.grad`` (complete and
         identical on the holders of a slice, after the tied/kv/dp reductions). ``loss_fn`` must
         normalise by the whole mini-batch (see data.py). Returns the mini-batch loss on every rank."""
@@ -155,7 +156,11 @@ class ParallelModel:
             h = self._run_stage(micro[i], x)
             return loss_fn(self._head(h, micro[i], entropy), micro[i]) if self.stage.last else h
 
-        losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
+        set_moe_aux(self.stage, moe_aux)  # the router balance loss, injected at each MoE layer
+        try:
+            losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
+        finally:
+            set_moe_aux(self.stage, 0.0)
         sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes, self._tp_names)
         # the loss is a float64 statistic: summed and broadcast on the control plane
         loss = float(torch.stack(losses).double().sum().item()) if losses else 0.0

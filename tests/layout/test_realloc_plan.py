@@ -23,13 +23,20 @@ def models(draw):
     heads = draw(st.sampled_from([1, 2, 3, 4, 6, 12]))
     kv = draw(st.sampled_from([k for k in (1, 2, 3, 4, 6, 12) if heads % k == 0]))
     head_dim = draw(st.sampled_from([2, 4]))
-    bias = draw(st.booleans())
+    family = draw(st.sampled_from(["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]))
+    moe = {}
+    if family in ("qwen3_moe", "mixtral"):  # experts: whole tensors over tp; some layers dense
+        moe = dict(num_experts=draw(st.sampled_from([2, 3, 4, 6, 12])), num_experts_per_tok=1,
+                   moe_intermediate_size=draw(st.sampled_from([4, 6])))
+        if family == "qwen3_moe":
+            moe.update(decoder_sparse_step=draw(st.integers(1, 2)),
+                       mlp_only_layers=tuple(draw(st.sets(st.integers(0, 4), max_size=2))))
     return ModelConfig(vocab_size=12 * draw(st.integers(1, 3)), hidden_size=draw(st.sampled_from([6, 8, 12])),
                        intermediate_size=12 * draw(st.integers(1, 2)),
                        num_hidden_layers=draw(st.integers(1, 5)),
                        num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
-                       tie_word_embeddings=draw(st.booleans()), attention_bias=bias,
-                       model_type="qwen2" if bias else "llama")
+                       tie_word_embeddings=draw(st.booleans()), attention_bias=family == "qwen2",
+                       model_type=family, **moe)
 
 
 @st.composite
@@ -92,6 +99,19 @@ def _check_plan(cfg, src_pl, dst_pl, value_head, bucket_bytes):
 @given(case=cases(), bucket_bytes=st.sampled_from([4, 12, 64, 1 << 20]))
 def test_every_destination_element_has_exactly_one_source(case, bucket_bytes):
     _check_plan(*case, bucket_bytes)
+
+
+def test_experts_move_whole_between_tp_groups():
+    """tiny-moe (8 experts a layer) from tp=4 to tp=2 on other ranks: each expert tensor arrives
+    whole from the one source rank that held it, and nothing else of it moves."""
+    cfg = get_preset("tiny-moe")
+    src, dst = Placement.parse("dp1tp4pp1@0-3"), Placement.parse("dp2tp2pp1@4-7")
+    plan = _check_plan(cfg, src, dst, False, 1 << 20)
+    name = "model.layers.3.mlp.experts.5.up_proj.weight"
+    moves = [t for t in plan.transfers if t.name == name]
+    assert {t.src for t in moves} == {2}  # expert 5 of 8 lives on tp rank 2 of 4
+    assert {t.dst for t in moves} == {5, 7}  # tp rank 1 of 2 in each dp replica
+    assert sum(t.nbytes for t in moves) == 2 * 4 * 64 * 128
 
 
 def test_same_layout_same_mesh_moves_nothing():

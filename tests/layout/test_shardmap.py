@@ -80,3 +80,32 @@ def test_sub_mesh_and_row_parallel():
 def test_bad_layouts_name_the_number(layout, msg):
     with pytest.raises(LayoutError, match=msg):
         shard_map(_cfg(), Placement(Mesh.range(0, layout.size), layout))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("layout", ["dp1tp1pp1@0", "dp2tp2pp1@0-3", "dp1tp4pp2@0-7", "dp1tp8pp1@0-7"])
+def test_families_every_element_held_and_experts_whole(family, layout):
+    extra = {"qwen3": dict(num_experts=0), "mixtral": dict(intermediate_size=64)}.get(family, {})
+    cfg = get_preset("tiny-moe").replace(model_type=family, **extra)
+    sm = shard_map(cfg, Placement.parse(layout))
+    for name in sm.shapes:
+        _covered_once_per_replica(sm, name)
+    tp = sm.placement.layout.tp
+    prefix = "block_sparse_moe" if family == "mixtral" else "mlp"
+    if family != "qwen3":
+        for e in range(8):
+            down = "w2" if family == "mixtral" else "down_proj"
+            holders = sm.holders(f"model.layers.0.{prefix}.experts.{e}.{down}.weight")
+            assert {sm.placement.coords_of(r)[1] for r, _ in holders} == {e // (8 // tp)}
+            assert all(sl == ((0, 128), (0, 64)) for _, sl in holders)
+    stage0 = sm.placement.layout.dp * tp  # layer 0's ranks: replicated on all of them
+    if family != "qwen3":
+        assert len(sm.holders(f"model.layers.0.{prefix}.gate.weight")) == stage0
+    else:
+        assert len(sm.holders("model.layers.0.self_attn.q_norm.weight")) == stage0
+
+
+def test_experts_must_split_over_tp():
+    with pytest.raises(LayoutError, match="does not divide the model's 6 experts"):
+        shard_map(get_preset("tiny-moe").replace(num_experts=6, num_experts_per_tok=2),
+                  Placement.parse("dp1tp4pp1@0-3"))

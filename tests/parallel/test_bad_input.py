@@ -98,7 +98,7 @@ def test_summary_fails_on_a_large_difference_or_different_tokens():
 
 def test_summary_fails_when_evidence_is_missing():
     """A check must fail when a rank did not report (issue 18, item 10): not max(..., default=0)."""
-    from meshrl.parallel.mesh import Placement
+    from meshrl.layout.mesh import Placement
     from meshrl.parallel.verify import summarize
 
     full = {"logits": 1e-7, "logprobs": 1e-7, "grads": 1e-6, "params": 1e-6, "loss": 1e-7, "grad_norm": 1e-7,

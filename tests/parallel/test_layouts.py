@@ -117,3 +117,49 @@ def test_moe_experts_over_tp(pool, layout):
                          ids=["qwen3-tp8", "qwen3-tp2pp4", "mixtral-tp4+llama3-dp2tp2", "mixtral-dp2pp2+llama3-tp4"])
 def test_families(pool, jobs):
     _check(pool, jobs)
+
+
+def _aux_grads(layout: str) -> float | None:
+    """Worker: the balance loss alone (ppo.moe_aux_coef's term) on tiny-moe under ``layout``, vs one
+    process (LocalHandle, the whole batch in one micro-batch): the largest relative gradient
+    difference over this rank's shards, or None outside the mesh."""
+    import torch.distributed as dist
+
+    from meshrl.algo.handles import LocalHandle
+    from meshrl.layout.mesh import Placement
+    from meshrl.parallel.groups import GroupCache
+    from meshrl.parallel.model import ParallelModel
+    from meshrl.parallel.verify import rel_diff
+
+    probe, pl = MOE, Placement.parse(layout)
+    model, batch = probe.build(), probe.batch()
+    batch = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    rows = batch["input_ids"].shape[0]
+
+    def zero(out, mb):
+        return 0.0 * out.logprobs.sum()
+
+    LocalHandle(model).forward_backward(batch, zero, 1, moe_aux=0.5 / rows)
+    want = {n: p.grad for n, p in model.named_parameters()}
+    pm = ParallelModel.create(probe.config(), pl, GroupCache(), lambda n, sl: state[n][
+        tuple(slice(a, b) for a, b in sl)].clone(), optim=probe.optim)
+    if pm is None:
+        return None
+    d = pl.coords_of(dist.get_rank())[0]
+    mine = {k: v.tensor_split(pl.layout.dp)[d] for k, v in batch.items()}
+    pm.forward_backward(mine, zero, 2, moe_aux=0.5 / rows)
+    worst = 0.0
+    for name, g in pm.local_grads().items():
+        sl = pm.sm.slice_of(dist.get_rank(), name)
+        ref = want[name][tuple(slice(a, b) for a, b in sl)]
+        if ref.abs().max() > 0:
+            worst = max(worst, rel_diff(g, ref))
+    assert want["model.layers.0.mlp.gate.weight"].abs().max() > 0
+    return worst
+
+
+@pytest.mark.parametrize("layout", ["dp2tp2pp2@0-7", "dp1tp4pp2@0-7"])
+def test_moe_balance_loss_gradient_under_layouts(pool, layout):
+    got = [r for r in pool.run(_aux_grads, layout) if r is not None]
+    assert len(got) == 8 and max(got) <= TOLERANCE, got

@@ -40,7 +40,7 @@ SETTINGS = {
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_search_finds_the_exhaustive_optimum(name):
     prob = problem(*SETTINGS[name])
-    found = search(prob, steps=1500, seed=0)
+    found = search(prob, steps=3000, seed=0)
     best = exhaustive(prob, time_limit_s=120, upper=found.plan)  # exact whatever the start (see below)
     assert prob.feasible(found.plan) and prob.feasible(best.plan)
     assert best.iteration_s <= found.iteration_s * (1 + 1e-9)

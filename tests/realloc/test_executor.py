@@ -19,6 +19,8 @@ from meshrl.layout.shardmap import shard_map
 from meshrl.realloc.synthetic import cut_shards, synthetic
 
 TINY = get_preset("tiny")
+MOE = get_preset("tiny-moe").replace(mlp_only_layers=(1, 4))  # dense layers between sparse ones
+MIXTRAL = MOE.replace(model_type="mixtral", mlp_only_layers=(), intermediate_size=64)
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 # 6 heads and 5 layers: tp3 <-> tp2 and pp3 <-> pp2 do not divide each other; biases, tied head.
 SIX = ModelConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=5,
@@ -55,6 +57,9 @@ CASES = [
     (SIX, "dp1tp3pp1@0-2", "dp1tp2pp2@3-6", False, 1 << 20),      # tp3 -> tp2, disjoint
     (SIX, "dp2tp3pp1@0-5", "dp1tp2pp3@2-7", False, 1000),         # tp3 -> tp2, pp1 -> pp3 (5 layers)
     (SIX, "dp1tp2pp2@0-3", "dp1tp6pp1@2-7", True, 1 << 20),       # value head, tp2 -> tp6
+    # Qwen3-MoE (8 experts a layer, whole over tp) and Mixtral's names, q/k norms replicated
+    (MOE, "dp1tp8pp1@0-7", "dp2tp2pp2@0-7", False, 4096),         # 1 expert a rank -> 4, pp2
+    (MIXTRAL, "dp2tp4pp1@0-7", "dp1tp2pp2@1,3,5,7", True, 1 << 20),  # value head
 ]
 
 
