@@ -222,7 +222,9 @@ def _coerce(value: object, tp: object, key: str) -> object:
                 if value.lower() in ("0", "false", "no", "off"):
                     return False
                 raise ValueError(value)
-            return bool(value)
+            if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+                return bool(value)
+            raise ValueError(value)  # 2, 0.5, a list: not a yes/no
         if typing.get_origin(tp) is list:
             items = [] if value is None else value if isinstance(value, list) else [value]
             (item_tp,) = typing.get_args(tp)
