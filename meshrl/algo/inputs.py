@@ -50,7 +50,7 @@ def check_inputs(cfg: Config) -> None:
         if spec.path and role in roles:
             check_checkpoint(spec.path, f"models.{role}.path", value_head=role in ("critic", "reward"))
     from . import setup
-    from .trainer import dataset
+    from .iteration import dataset
 
     tok = setup.tokenizer_for(cfg)
     if cfg.models.reward.path is None and cfg.algo not in ("sft", "rm", "dpo"):
@@ -59,6 +59,11 @@ def check_inputs(cfg: Config) -> None:
         get_rule(cfg.reward.rule)
     with naming_lines(cfg.data.path):
         dataset(cfg, tok)  # the records the iterations draw from, encoded as training will
+    if cfg.eval.path is not None:
+        from .evaluate import eval_batch
+
+        with naming_lines(cfg.eval.path):
+            eval_batch(cfg, tok)  # the held-out prompts, encoded as evaluation will
     source, _ = warmup_plan(cfg)
     if source is not None and source != "demo":
         with naming_lines(source):

@@ -113,7 +113,7 @@ def build_roles(cfg: Config, actor: torch.nn.Module) -> dict[str, Role]:
 def prompt_records(cfg: Config) -> list[dict[str, str]]:
     if cfg.data.path and cfg.algo not in ("sft", "rm", "dpo"):
         recs = read_jsonl(cfg.data.path, "prompts")
-        if cfg.models.reward.path is None and any("answer" not in r for r in recs):
+        if cfg.models.reward.path is None and not cfg.reward.fn and any("answer" not in r for r in recs):
             raise UserError(f"{cfg.data.path}: the rule reward {cfg.reward.rule!r} needs an \"answer\" on "
                             "every line (or set models.reward.path to use a reward model)")
         return recs

@@ -29,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
     from ..plan.hardware import from_profile, profile_path
     from ..runtime.profile import profile
 
+    if not args.timeout > 0:
+        raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.out is not None and not args.out.strip():
+        raise UserError("--out needs a file name")
     if args.gpu:
         return run_gpu(args)
     path = profile_path(args.out)

@@ -24,7 +24,7 @@ from ..layout.mesh import Placement
 from ..layout.shardmap import ShardMap, check_shardable, shard_map
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
-from ..model.heads import Batch, HeadOutputs, LossFn, split_micro
+from ..model.heads import Batch, HeadOutputs, LossFn, pad_columns, pad_head, split_micro, trim_columns
 from ..model.moe import set_moe_aux
 from . import comm
 from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
@@ -103,16 +103,20 @@ class ParallelModel:
         dev = self.stage.device
         return {k: v.to(dev, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
-    def _forward(self, batch: Batch, micro_batches: int, last_fn: Callable[[torch.Tensor, Batch], torch.Tensor]
-                 ) -> torch.Tensor | None:
+    def _forward(self, batch: Batch, micro_batches: int, last_fn: Callable[[torch.Tensor, Batch], torch.Tensor],
+                 trim: bool = True) -> torch.Tensor | None:
+        """``last_fn(hidden, model inputs)`` on each micro-batch; with ``trim`` the model runs on the
+        micro-batch's real columns only (model/heads.py) and ``last_fn`` pads its result back."""
         micro = split_micro(self._on_device(batch), micro_batches)
+        cut = [trim_columns(mb) if trim else (mb, 0) for mb in micro]
+        run = [c[0] for c in cut]
 
         def step(i: int, x: torch.Tensor | None) -> torch.Tensor:
-            h = self._run_stage(micro[i], x)
-            return last_fn(h, micro[i]) if self.stage.last else h
+            h = self._run_stage(run[i], x)
+            return last_fn(h, run[i], cut[i][1]) if self.stage.last else h
 
         with torch.no_grad():
-            outs = infer(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
+            outs = infer(self.pipe, len(micro), step, self._hidden_shape(run), self.dtype)
         return torch.cat(outs) if outs else None
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batches: int = 1
@@ -121,7 +125,7 @@ class ParallelModel:
         if self.value_head:
             raise UserError("logits: this is a value model; use values()")
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-        return self._forward(batch, micro_batches, lambda h, mb: self.stage.head(h))
+        return self._forward(batch, micro_batches, lambda h, mb, lo: self.stage.head(h), trim=False)
 
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batches: int = 1,
                  entropy: bool = False) -> torch.Tensor | None:
@@ -129,8 +133,10 @@ class ParallelModel:
         if self.value_head:
             raise UserError("logprobs: this is a value model; use values()")
 
-        def last(h: torch.Tensor, mb: Batch) -> torch.Tensor:
-            out = self._head(h, mb, entropy)
+        width = input_ids.shape[1]
+
+        def last(h: torch.Tensor, mb: Batch, lo: int) -> torch.Tensor:
+            out = pad_head(self._head(h, mb, entropy), lo, width)
             return torch.stack([out.logprobs, out.entropy], 1) if entropy else out.logprobs
 
         out = self._forward({"input_ids": input_ids, "attention_mask": attention_mask}, micro_batches, last)
@@ -142,7 +148,9 @@ class ParallelModel:
         if not self.value_head:
             raise UserError("values: this is a language model; use logprobs()")
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-        return self._forward(batch, micro_batches, lambda h, mb: self.stage.head(h).squeeze(-1))
+        width = input_ids.shape[1]
+        return self._forward(batch, micro_batches,
+                             lambda h, mb, lo: pad_columns(self.stage.head(h).squeeze(-1), lo, width))
 
     # ---- training -------------------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossFn, micro_batches: int = 1,
@@ -151,14 +159,17 @@ class ParallelModel:
         identical on the holders of a slice, after the tied/kv/dp reductions). ``loss_fn`` must
         normalise by the whole mini-batch (see data.py). Returns the mini-batch loss on every rank."""
         micro = split_micro(self._on_device(batch), micro_batches)
+        cut = [trim_columns(mb) for mb in micro]  # the model runs on each micro-batch's real columns
+        width = batch["input_ids"].shape[1]
 
         def step(i: int, x: torch.Tensor | None) -> torch.Tensor:
-            h = self._run_stage(micro[i], x)
-            return loss_fn(self._head(h, micro[i], entropy), micro[i]) if self.stage.last else h
+            run, lo = cut[i]
+            h = self._run_stage(run, x)
+            return loss_fn(pad_head(self._head(h, run, entropy), lo, width), micro[i]) if self.stage.last else h
 
         set_moe_aux(self.stage, moe_aux)  # the router balance loss, injected at each MoE layer
         try:
-            losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
+            losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape([c[0] for c in cut]), self.dtype)
         finally:
             set_moe_aux(self.stage, 0.0)
         sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes, self._tp_names)

@@ -199,10 +199,11 @@ def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, p
         if prefill:
             fixed = fits.fixed_decode  # one head row per sequence, as a decoding step
         head_scale = c.mc.head_params / fits.head_params
-        compute = (c.stage_layers * _measured(fit, b * new, c.mc.layer_params / fits.layer_params, c.lay.tp)
+        compute = (c.stage_layers * _measured(fit, b * new, c.mc.layer_active_params / fits.layer_params, c.lay.tp)
                    + _measured(fixed, b if prefill else b * new, head_scale, c.lay.tp))
     else:
-        layer_flops = 2.0 * c.mc.cfg.num_hidden_layers * c.mc.layer_params * b * new + b * c.mc.attn_flops(new, ctx)
+        layer_flops = (2.0 * c.mc.cfg.num_hidden_layers * c.mc.layer_active_params * b * new
+                       + b * c.mc.attn_flops(new, ctx))
         flops = layer_flops * c.frac + 2.0 * c.mc.head_params * head_rows
         # A pass reads the stage's weights at least once (three times with backward): with few
         # tokens it is bandwidth-bound, as a decoding step is; every pass pays the step overhead.
@@ -222,7 +223,7 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
     """One decoding step of ``b`` sequences at context ``ctx`` on one stage of the largest size:
     its layers, and with ``head`` the output head and the token pick (the last stage)."""
     mc = c.mc
-    flops = b * (2.0 * mc.layer_params * c.stage_layers + mc.attn_flops(1, ctx) * c.frac
+    flops = b * (2.0 * mc.layer_active_params * c.stage_layers + mc.attn_flops(1, ctx) * c.frac
                  + (2.0 * mc.head_params if head else 0.0)) / c.lay.tp
     kv = b * ctx * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     head_bytes = mc.head_params / c.lay.tp * c.hw.dtype_bytes
@@ -232,7 +233,7 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
     fits = c.hw.layer_fits(mc.cfg.hidden_size)
     if fits is not None:  # measured decoding steps already include their memory traffic
         mem = 0.0
-        compute = c.stage_layers * _measured(fits.decode, b, mc.layer_params / fits.layer_params, c.lay.tp)
+        compute = c.stage_layers * _measured(fits.decode, b, mc.layer_active_params / fits.layer_params, c.lay.tp)
         if head:
             compute += _measured(fits.fixed_decode, b, mc.head_params / fits.head_params, c.lay.tp)
     act = b * mc.cfg.hidden_size * c.hw.dtype_bytes

@@ -24,7 +24,7 @@ def run_cluster(cfg: Config, world: int) -> Cluster:
     return Cluster(1, world, c.device)
 
 
-def _problem(cfg: Config, cluster: Cluster, async_gen: int | None):
+def _problem(cfg: Config, cluster: Cluster):
     """The planning problem for this run's ranks, with the planner's one fallback for a CPU without
     a profile (meshrl/plan/fallback.py, as `meshrl plan`)."""
     from ..plan.fallback import planning_config
@@ -33,10 +33,10 @@ def _problem(cfg: Config, cluster: Cluster, async_gen: int | None):
     pcfg = copy.deepcopy(cfg)
     pcfg.cluster.nodes, pcfg.cluster.devices_per_node = cluster.nodes, cluster.devices_per_node
     pcfg, note = planning_config(pcfg)
-    return problem_from_config(pcfg, async_gen=async_gen), note
+    return problem_from_config(pcfg), note
 
 
-def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = None) -> tuple[ExecutionPlan, str]:
+def resolve_plan(cfg: Config, spec: str, world: int) -> tuple[ExecutionPlan, str]:
     """(plan, a note for the log). ``spec``: a strategy name, 'search', or a plan JSON file."""
     cluster = run_cluster(cfg, world)
     note = ""
@@ -46,9 +46,13 @@ def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = Non
     if spec.endswith(".json") or Path(spec).is_file():
         plan = ExecutionPlan.load(spec)
         if plan.cluster.size != world:
-            raise UserError(f"plan {spec} is for {plan.cluster.size} devices, but this run has {world} ranks")
+            raise UserError(f"plan file {spec} is for {plan.cluster.size} devices, but this run has {world} ranks")
+        try:
+            check_plan(cfg, plan)
+        except UserError as e:
+            raise UserError(f"plan file {spec}: {e}") from None
     else:
-        problem, note = _problem(cfg, cluster, async_gen)
+        problem, note = _problem(cfg, cluster)
         if spec == "search":
             from ..plan.search import search
 
@@ -58,8 +62,6 @@ def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = Non
 
             plan = build(problem, spec)
         plan.cluster = cluster
-    if async_gen is not None:
-        plan.async_gen = async_gen
     check_plan(cfg, plan)
     return plan, note
 

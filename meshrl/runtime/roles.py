@@ -35,7 +35,7 @@ from ..plan.execution_plan import ExecutionPlan
 from ..realloc.executor import Reallocator
 from ..layout.realloc_plan import realloc_plan
 from ..layout.shardmap import shard_map
-from .schedule import home_calls
+from ..plan.steps import home_calls
 
 VALUE_ROLES = ("critic", "reward")
 
@@ -62,7 +62,7 @@ def initial_states(cfg: Config, tok, log, warm: bool = True) -> dict[str, tuple[
     if warm and setup.warms_up(cfg):
         actor = setup.load_policy(cfg, seed) if dist.get_rank() == 0 else build_model(spec.preset or "tiny")
         if dist.get_rank() == 0:
-            from ..algo.trainer import warmup_sft
+            from ..algo.warmup import warmup_sft
 
             warmup_sft(actor, cfg, tok, log, progress=False)
         state = broadcast_state({k: v.detach() for k, v in actor.state_dict().items()})
@@ -100,7 +100,7 @@ def _from_path(path: str | None, value_head: bool, seed: int, dtype: torch.dtype
 
 
 def adamw_for(cfg: Config, role: str) -> AdamWConfig:
-    """The single-process trainer's optimizer settings for a trained role (meshrl/algo/setup.py)."""
+    """The optimizer settings of a trained role (meshrl/algo/setup.py)."""
     lr, scales = setup.role_lr(cfg, role)
     return AdamWConfig(lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=cfg.optim.weight_decay,
                        max_grad_norm=cfg.optim.grad_clip, lr_scales=scales)
