@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr if args.json else sys.stdout)
     if not args.items and not args.json:
         print(BARE_HINT)
+    if args.json and args.validate:
+        return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks, as_json=True)
     flipped = off_policy_times(problem, results)
     if args.json:
         print(json.dumps({"strategies": {n: r.to_dict() for n, r in results.items()}, "search_s": search_s,
@@ -170,8 +172,6 @@ def check_validate(cfg, args: argparse.Namespace) -> None:
     if cfg.cluster.device != "cpu":
         raise UserError(f"--validate runs the plan on this machine's CPU ranks and needs cluster.device=cpu "
                         f"(got {cfg.cluster.device!r})")
-    if args.json:
-        raise UserError("--validate prints tables; use it without --json")
     if args.max_ranks < 1:
         raise UserError(f"--max-ranks must be >= 1, got {args.max_ranks}")
     world = cfg.cluster.nodes * cfg.cluster.devices_per_node
@@ -183,12 +183,22 @@ def check_validate(cfg, args: argparse.Namespace) -> None:
                         f"got {args.validate_iterations}")
 
 
-def validate(cfg, problem, plan, iterations: int, max_ranks: int) -> int:
-    """Run ``plan`` here and print predicted against measured seconds per step and per iteration;
-    1 if a rank failed (the message names the rank and the step)."""
-    from ..plan.validate import compare, table
+def validate(cfg, problem, plan, iterations: int, max_ranks: int, as_json: bool = False) -> int:
+    """Run ``plan`` here and print predicted against measured seconds (and peak memory) per step and
+    per iteration; 1 if a rank failed (the message names the rank and the step). ``as_json``: one
+    JSON object (plan/validate.py to_json) and nothing else on stdout."""
+    from ..plan.validate import compare, memory, memory_summary, table, to_json
     from ..runtime.validate import rule_calls, run_plan
 
+    if as_json:
+        try:
+            records = run_plan(cfg, plan, iterations, max_ranks)
+        except RuntimeError as e:
+            print(json.dumps({"error": str(e)}))
+            return 1
+        rows = compare(problem, plan, records, rule_calls(cfg, plan))
+        print(json.dumps(to_json(rows, memory(problem, plan, records))))
+        return 0
     print(f"\nvalidating: running the plan on {plan.cluster.size} local gloo rank(s) for {iterations} iterations "
           "(iteration 0 is a warm-up; medians of the others; no SFT warm-up, so generation runs to data.gen_len)",
           flush=True)
@@ -199,6 +209,11 @@ def validate(cfg, problem, plan, iterations: int, max_ranks: int) -> int:
         return 1
     rows = compare(problem, plan, records, rule_calls(cfg, plan))
     print(table(rows))
+    mem = memory(problem, plan, records)
+    print("\npeak memory per call (busiest rank): " + ", ".join(
+        f"{n} {p:.3f}/{m:.3f} GiB" for n, (p, m) in mem.items()) + " (predicted/measured)")
+    med, worst = memory_summary(mem)
+    print(f"memory: median |error| {med:.0%}, worst {worst:.0%}")
     if rule_calls(cfg, plan):
         print(f"({', '.join(rule_calls(cfg, plan))}: a rule reward, no model; the estimator prices a model there)")
     return 0

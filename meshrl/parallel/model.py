@@ -17,7 +17,6 @@ import math
 from typing import Callable, Mapping
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..errors import UserError
@@ -27,6 +26,7 @@ from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
 from ..model.heads import Batch, HeadOutputs, LossFn, pad_columns, pad_head, split_micro, trim_columns
 from ..model.moe import set_moe_aux
+from . import comm
 from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
 from .groups import GroupCache, RankGroups
@@ -39,14 +39,17 @@ class ParallelModel:
     """This rank's stage of a CausalLM (or ValueModel with ``value_head``) under ``placement``."""
 
     def __init__(self, cfg: ModelConfig, groups: RankGroups, load: SliceLoader, value_head: bool = False,
-                 optim: AdamWConfig | None = None, timeout_s: float = 300.0) -> None:
+                 optim: AdamWConfig | None = None, timeout_s: float = 300.0,
+                 activation_checkpointing: bool = False) -> None:
         """Build this rank's part; ``groups`` from ``GroupCache.for_placement(placement,
         cfg.num_key_value_heads)`` (which every rank of the world calls). See ``create``."""
         placement = groups.placement
         self.cfg, self.placement, self.value_head = cfg, placement, value_head
         self.sm: ShardMap = shard_map(cfg, placement, value_head)
         self.groups = groups
-        self.stage = Stage(self.sm, self.groups, load)
+        self.stage = Stage(self.sm, self.groups, load, comm.compute_device())
+        if activation_checkpointing:
+            self.stage.checkpoint_activations()
         self.pipe = Pipe(self.groups.pp, timeout_s, self.stage.device)
         self.named: dict[str, nn.Parameter] = dict(self.stage.param_of)
         self.optim_cfg = optim
@@ -95,11 +98,16 @@ class ParallelModel:
                                           self.stage.vocab_start, entropy)
         return HeadOutputs(logprobs=lp, entropy=ent)
 
+    def _on_device(self, batch: Batch) -> Batch:
+        """The call's inputs on this rank's compute device (a no-op when they are there already)."""
+        dev = self.stage.device
+        return {k: v.to(dev, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
     def _forward(self, batch: Batch, micro_batches: int, last_fn: Callable[[torch.Tensor, Batch], torch.Tensor],
                  trim: bool = True) -> torch.Tensor | None:
         """``last_fn(hidden, model inputs)`` on each micro-batch; with ``trim`` the model runs on the
         micro-batch's real columns only (model/heads.py) and ``last_fn`` pads its result back."""
-        micro = split_micro(batch, micro_batches)
+        micro = split_micro(self._on_device(batch), micro_batches)
         cut = [trim_columns(mb) if trim else (mb, 0) for mb in micro]
         run = [c[0] for c in cut]
 
@@ -150,7 +158,7 @@ class ParallelModel:
         """Accumulate the mini-batch gradient into every local parameter's ``.grad`` (complete and
         identical on the holders of a slice, after the tied/kv/dp reductions). ``loss_fn`` must
         normalise by the whole mini-batch (see data.py). Returns the mini-batch loss on every rank."""
-        micro = split_micro(batch, micro_batches)
+        micro = split_micro(self._on_device(batch), micro_batches)
         cut = [trim_columns(mb) for mb in micro]  # the model runs on each micro-batch's real columns
         width = batch["input_ids"].shape[1]
 
@@ -165,10 +173,13 @@ class ParallelModel:
         finally:
             set_moe_aux(self.stage, 0.0)
         sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes, self._tp_names)
-        loss = torch.stack(losses).sum().double() if losses else torch.zeros((), dtype=torch.float64)
+        # the loss is a float64 statistic: summed and broadcast on the control plane
+        loss = float(torch.stack(losses).double().sum().item()) if losses else 0.0
         if self.groups.dp.group is not None:
-            dist.all_reduce(loss, group=self.groups.dp.group)
-        return float(self.pipe.broadcast_from_last(loss).item())
+            loss = comm.reduce_floats([loss], self.groups.dp.group)[0]
+        if self.groups.pp.group is not None:
+            loss = comm.broadcast_floats([loss], self.groups.pp.ranks[-1], self.groups.pp.group)[0]
+        return loss
 
     def optimizer_step(self) -> float:
         """Clip the whole model's gradient norm, update with ZeRO-1 AdamW, clear the gradients.
@@ -242,11 +253,11 @@ def gather_full_state(sm: ShardMap, groups: RankGroups, local: Mapping[str, torc
                 full[idx] = local[name]
             elif me == dst:
                 buf = torch.empty(tuple(b - a for a, b in sl), dtype=full.dtype, device=full.device)
-                dist.irecv(buf, src=r, group=groups.mp.group).wait(timeout)
+                comm.irecv(buf, r, groups.mp.group).wait(timeout)
                 full[idx] = buf
             elif r == me:
                 t = local[name].contiguous()
-                pending.append((dist.isend(t, dst=dst, group=groups.mp.group), t))
+                pending.append((comm.isend(t, dst, groups.mp.group), t))
         if full is not None:
             out[name] = full
     for work, _ in pending:

@@ -33,6 +33,8 @@ from ..algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..algo.registry import tensor_keys
 from ..config import Config
 from ..parallel.groups import GroupCache
+from ..parallel import comm
+from . import memory
 from ..plan.execution_plan import ExecutionPlan
 from ..plan.steps import Step, report_rank, steps
 from .roles import RoleModels, build_roles, initial_states
@@ -48,6 +50,7 @@ class RankLog:
     tokens: float = 0.0  # real tokens of the iteration's batch (the train calls' reporting ranks)
     seconds: dict[str, float] = field(default_factory=dict)
     events: list[tuple[str, str, float, float]] = field(default_factory=list)  # (name, kind, start, dur)
+    memory: dict[str, float] = field(default_factory=dict)  # call -> peak bytes (runtime/memory.py)
 
 
 class Engine:
@@ -127,7 +130,7 @@ class Engine:
         if step.role and self.roles[step.role].offloaded:
             self.roles[step.role].reload()  # before a call or a reallocation reads the weights
         if step.kind == "call":
-            self._call(step)
+            self._measured_call(step)
             if self._temporary(step.call):
                 self.roles[step.role].drop(self.plan.calls[step.call].placement)
             if self.plan.offload_frozen and self._shared(step.call):
@@ -136,6 +139,19 @@ class Engine:
             self.roles[step.role].refresh(self.plan.calls[step.call].placement, self.rank, self.timeout)
         elif step.kind == "transfer":
             self._transfer(step)
+
+    def _measured_call(self, step: Step) -> None:
+        """The call, with the rank's peak memory in it when validation asks (runtime/memory.py: on a
+        CPU only in iteration 0, whose times the comparison skips)."""
+        dev = comm.compute_device()
+        if not memory.enabled() or (dev.type != "cuda" and step.iteration != 0):
+            self._call(step)
+            return
+        box: dict = {}
+        with memory.call_peak(self.roles, dev, box):
+            self._call(step)
+        lg = self.logs.setdefault(step.iteration, RankLog())
+        lg.memory[step.call] = max(lg.memory.get(step.call, 0.0), box["peak"])
 
     def _temporary(self, name: str) -> bool:
         """Whether the call's copy of its role is dropped after the call: a copy (not the home) that
@@ -207,7 +223,7 @@ class Engine:
             rows = eval_rows(h, part, CallContext(self.cfg, t, self.tok, algo="eval"), place)
             mine = rows if self.rank == home.holders()[dp_i] else None
         out: list | None = [None] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(mine, out, dst=0)
+        comm.gather_object(mine, out, 0, comm.control(None))
         if out is not None:
             merged = Batch.merge([b for b in out if b is not None])
             self.logs.setdefault(t, RankLog()).stats.update(eval_metrics(merged, self.cfg))
@@ -241,5 +257,5 @@ class Engine:
         for key in [k for k in self.held if k[1] == t]:
             del self.held[key]
         out: list[RankLog] | None = [RankLog()] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(mine, out, dst=0)
+        comm.gather_object(mine, out, 0, comm.control(None))
         return out

@@ -153,6 +153,9 @@ def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+    from ..parallel import comm
+
+    comm.setup(datetime.timedelta(seconds=timeout_s))
     try:
         box: list = [None]
         if dist.get_rank() == 0:
@@ -161,7 +164,7 @@ def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout
                 box[0] = (plan.to_json(), start, None)
             except UserError as e:
                 box[0] = (None, 0, str(e))
-        dist.broadcast_object_list(box, src=0)
+        box[0] = comm.broadcast_object(box[0], 0, comm.control(None))  # an object: the control plane
         plan_json, start, error = box[0]
         if error is not None:
             raise UserError(error)

@@ -87,3 +87,19 @@ def check_plan(cfg: Config, plan: ExecutionPlan) -> None:
         if cp.layout.dp > limit:
             raise UserError(f"plan call {name}: dp={cp.layout.dp} is more than the {limit} sequences it gets "
                             "per step (data.batch_size x samples_per_prompt / ppo.mini_batches)")
+    check_memory(cfg, plan)
+
+
+def check_memory(cfg: Config, plan: ExecutionPlan) -> None:
+    """UserError, before any rank starts, if the planner finds a call over its devices' memory
+    (Problem.call_memory: resident weights and optimizer state plus the call's own need), naming
+    the call, the rank and the bytes."""
+    cluster = Cluster(plan.cluster.nodes, plan.cluster.devices_per_node, cfg.cluster.device)
+    problem, note = _problem(cfg, cluster, plan.async_gen)
+    cap = problem.hw.mem_bytes
+    for name, (need, rank) in problem.call_memory(plan).items():
+        if need > cap:
+            where = f" ({note})" if note else ""
+            raise UserError(f"plan call {name} does not fit in memory: it needs {need / 2**30:.2f} GiB "
+                            f"({int(need)} bytes) on rank {rank}, more than the {cap / 2**30:.0f} GiB "
+                            f"of one {problem.hw.name} device{where}; use more devices, more tp/pp, or a smaller model")

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from ..algo.graph import graph_for
 from ..config import Config
 from ..observe.trace import Trace
+from ..parallel import comm
 from ..parallel.groups import GroupCache, all_axes
 from ..plan.execution_plan import ExecutionPlan
 from .engine import Engine, RankLog
@@ -53,7 +54,7 @@ def check_group_names() -> None:
 
     mine = getattr(getattr(c10d, "_world", None), "group_count", None)
     counts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(counts, mine)
+    comm.all_gather_object(counts, mine, comm.control(None))
     if mine is not None and len(set(counts)) > 1:
         raise RuntimeError(f"the ranks have made different numbers of process groups (by rank: {counts}): "
                            "a group was made by only some ranks, so the next group would never form")
@@ -128,6 +129,11 @@ def record_of(t: int, logs: list[RankLog], wall_s: float) -> dict:
             timing[k] = max(timing.get(k, 0.0), v)
     busiest = max((sum(v for k, v in lg.seconds.items() if k.startswith("time/call/")) for lg in logs), default=0.0)
     rec.update(sorted(timing.items()))
+    peaks: dict[str, float] = {}  # per call, the busiest rank's peak memory (when measured)
+    for lg in logs:
+        for k, v in getattr(lg, "memory", {}).items():
+            peaks[k] = max(peaks.get(k, 0.0), v)
+    rec.update((f"perf/mem_gib/{k}", v / 2**30) for k, v in sorted(peaks.items()))
     rec["time/iteration"] = wall_s
     tokens = max((lg.tokens for lg in logs), default=0.0)
     if tokens and wall_s > 0:
@@ -212,7 +218,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
         bar = tqdm(total=cfg.train.iterations, initial=start, desc=f"{cfg.algo} / {plan.strategy}")
         log = bar.write
     log(f"{cfg.algo}: calls {' -> '.join(engine.graph.names)}")
-    dist.barrier()  # iteration timing starts when every rank has built its models
+    comm.barrier(comm.control(None))  # iteration timing starts when every rank has built its models
     last[0] = time.time()
     engine.run(start, cfg.train.iterations, on_end, ahead=ahead)
     if bar is not None:
