@@ -95,7 +95,7 @@ def check_memory(cfg: Config, plan: ExecutionPlan) -> None:
     (Problem.call_memory: resident weights and optimizer state plus the call's own need), naming
     the call, the rank and the bytes."""
     cluster = Cluster(plan.cluster.nodes, plan.cluster.devices_per_node, cfg.cluster.device)
-    problem, note = _problem(cfg, cluster, plan.async_gen)
+    problem, note = _problem(cfg, cluster)
     cap = problem.hw.mem_bytes
     for name, (need, rank) in problem.call_memory(plan).items():
         if need > cap:
