@@ -21,7 +21,8 @@ def validate_recipes(cfg) -> None:
     p, o = cfg.ppo, cfg.optim
     import math
 
-    for key, v in (("ppo.clip_high", p.clip_high), ("ppo.dual_clip", p.dual_clip), ("optim.min_lr_ratio", o.min_lr_ratio),
+    for key, v in (("ppo.clip_high", p.clip_high), ("ppo.dual_clip", p.dual_clip),
+                   ("optim.min_lr_ratio", o.min_lr_ratio),
                    ("reward.overlong_penalty", cfg.reward.overlong_penalty), ("eval.correct", cfg.eval.correct)):
         if v is not None and not math.isfinite(v):
             raise UserError(f"{key} must be a finite number, got {v}")
