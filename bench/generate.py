@@ -1,7 +1,8 @@
 """Our model against transformers on the same weights, in one run: batched greedy generation
-(tokens/s) and one training step (forward + backward of a causal-LM loss).
+(tokens/s, eager and with gen.compile) and one training step (forward + backward of a causal-LM loss).
 
-    python bench/generate.py [--preset small] [--batch 8] [--new-tokens 32] [--repeats 5] [--threads 1]
+    python bench/generate.py [--preset llama-3m|tiny|small] [--batch 1,8,32] [--new-tokens 32] [--repeats 5]
+                             [--threads 1] [--no-compile] [--skip-train]
 
 Both sides get the same checkpoint (saved by meshrl, read by transformers), the same left-padded
 prompts of different lengths, the same thread count; runs alternate ours/theirs so that noise from
@@ -60,10 +61,11 @@ def _alternate(ours, theirs, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in runs.items()}
 
 
-def bench_generate(ours, theirs, prompts, new_tokens: int, repeats: int) -> dict:
+def bench_generate(ours, theirs, prompts, new_tokens: int, repeats: int, compile: bool = False) -> dict:
     from meshrl.model import GenerationConfig, generate
 
-    cfg = GenerationConfig(max_new_tokens=new_tokens, greedy=True, eos_token_id=None, pad_token_id=0)
+    cfg = GenerationConfig(max_new_tokens=new_tokens, greedy=True, eos_token_id=None, pad_token_id=0,
+                           compile=compile)
     ids, mask = _left_pad(prompts)
 
     def run_ours():
@@ -71,11 +73,11 @@ def bench_generate(ours, theirs, prompts, new_tokens: int, repeats: int) -> dict
 
     @torch.inference_mode()
     def run_theirs():
-        out = theirs.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              do_sample=False, pad_token_id=0)
+        out = theirs.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         return out[:, ids.shape[1]:]
 
-    same = run_ours().tolist() == run_theirs().tolist()  # also the warm-up
+    same = run_ours().tolist() == run_theirs().tolist()  # also the warm-up (and the compile)
+    run_ours()
     t = _alternate(run_ours, run_theirs, repeats)
     n = len(prompts) * new_tokens
     return {"same_tokens": same, **{f"{k}_tok_s": n / v for k, v in t.items()}}
@@ -103,8 +105,8 @@ def bench_train(ours, theirs, batch: int, seq: int, vocab: int, repeats: int) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--preset", default="llama-3m", help="llama-3m (issue 14's GRPO model) or a meshrl preset")
+    ap.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--prompt-len", default="16,64", help="min,max prompt length")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--train-batch", type=int, default=4)
@@ -112,6 +114,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (0 = torch's default); 1 makes CPU time a clean measure of work")
+    ap.add_argument("--no-compile", action="store_true", help="skip the gen.compile rows")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--no-thp", action="store_true", help="leave THP_MEM_ALLOC_ENABLE unset")
     args = ap.parse_args()
@@ -119,27 +122,40 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     import transformers
+    from bench_models import MODELS
 
-    from meshrl.model import build_model, load_pretrained, num_params
+    from meshrl.model import load_pretrained, num_params
+    from meshrl.model.transformer import CausalLM
 
     # Both sides load the same checkpoint directory, so their weights live in the same kind of memory.
     with tempfile.TemporaryDirectory() as d:
-        build_model(args.preset, seed=0).save_pretrained(d)
-        ours = load_pretrained(d)
+        torch.manual_seed(0)
+        model = CausalLM(MODELS[args.preset])
+        with torch.no_grad():  # spread the logits (std 0.1) so greedy decoding is far from ties
+            for p in model.parameters():
+                p.normal_(0.0, 0.1) if p.dim() > 1 else p.fill_(1.0)
+        model.save_pretrained(d)
+        ours = load_pretrained(d).eval()
         theirs = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    # Neither side stops at EOS: all rows decode new_tokens tokens (a forced min_new_tokens would
+    # instead forbid EOS on transformers' side only, and its tokens would differ where EOS wins).
+    theirs.generation_config.eos_token_id = None
     cfg = ours.config
     lo, hi = map(int, args.prompt_len.split(","))
-    print(f"model: preset {args.preset!r}, {num_params(cfg) / 1e6:.1f}M parameters; torch {torch.__version__}, "
+    print(f"model: {args.preset!r}, {num_params(cfg) / 1e6:.1f}M parameters; torch {torch.__version__}, "
           f"transformers {transformers.__version__} (attn {theirs.config._attn_implementation}); "
           f"{torch.get_num_threads()} threads; THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}; "
-          f"medians of {args.repeats}")
-    g = bench_generate(ours, theirs, _prompts(args.batch, cfg.vocab_size, lo, hi), args.new_tokens, args.repeats)
-    print(f"generate  batch {args.batch}, prompts {lo}..{hi} tokens, {args.new_tokens} new tokens, greedy; "
-          f"same tokens: {g['same_tokens']}")
-    for kind in ("wall", "cpu"):
-        o, h = g[f"ours_{kind}_tok_s"], g[f"hf_{kind}_tok_s"]
-        print(f"  by {kind:4s} time: meshrl {o:8.1f} tok/s, transformers {h:8.1f} tok/s, meshrl/transformers "
-              f"{o / h:.2f}x")
+          f"medians of {args.repeats}, ours and transformers alternating")
+    for batch in map(int, args.batch.split(",")):
+        prompts = _prompts(batch, cfg.vocab_size, lo, hi)
+        for compile in (False,) if args.no_compile else (False, True):
+            g = bench_generate(ours, theirs, prompts, args.new_tokens, args.repeats, compile)
+            print(f"generate  batch {batch:3d}, prompts {lo}..{hi} tokens, {args.new_tokens} new tokens, greedy, "
+                  f"gen.compile={str(compile).lower():5s}; same tokens: {g['same_tokens']}")
+            for kind in ("wall", "cpu"):
+                o, h = g[f"ours_{kind}_tok_s"], g[f"hf_{kind}_tok_s"]
+                print(f"  by {kind:4s} time: meshrl {o:8.1f} tok/s, transformers {h:8.1f} tok/s, "
+                      f"meshrl/transformers {o / h:.2f}x")
     if args.skip_train:
         return
     ours.train()
@@ -152,5 +168,7 @@ def main() -> None:
         print(f"  by {kind:4s} time: meshrl {o * 1e3:8.0f} ms, transformers {h * 1e3:8.0f} ms, "
               f"transformers/meshrl {h / o:.2f}x")
 
+
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     main()

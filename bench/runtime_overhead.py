@@ -3,7 +3,7 @@
 For each strategy: the median wall time per iteration, and the runtime's overhead as a fraction of
 it: the part of the iteration the busiest rank spent outside calls (reallocations, data transfers,
 waiting and dispatch), next to the time of the reallocation and transfer steps themselves. The
-single-process trainer's time per iteration on the same config is the reference. Everything is
+one-rank run (the same runtime in this process, `meshrl train` without --nprocs) is the reference. Everything is
 measured side by side in one run; the first iteration (warm-up) is left out.
 
     python bench/runtime_overhead.py [--nprocs 4] [--iterations 4] [key=value ...] [--json]
@@ -40,8 +40,8 @@ def main() -> None:
 
     import torch
 
-    from meshrl.algo.trainer import train
     from meshrl.config import load_config
+    from meshrl.runtime.job import in_process
     from meshrl.runtime.launch import RankPool
     from meshrl.runtime.plans import resolve_plan
     from meshrl.runtime.run import rank_main
@@ -49,9 +49,8 @@ def main() -> None:
     cfg = load_config(None, DEFAULTS + [f"train.iterations={args.iterations}"] + args.overrides)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    single = train(cfg, None, progress=False, log=lambda _: None, tensorboard=False).metrics
-    results = {"single-process": {"iteration_s": statistics.median(r["time/iteration"] for r in single[1:]),
-                                  "overhead_frac": 0.0, "realloc_s": 0.0, "transfer_s": 0.0}}
+    one = in_process(cfg, resolve_plan(cfg, "colocated", 1)[0], None)
+    results = {"one rank": summarize(one)}
     with RankPool(args.nprocs, timeout=600) as pool:
         for name in STRATEGIES:
             plan = resolve_plan(cfg, name, args.nprocs)[0]
@@ -62,7 +61,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    base = results["single-process"]["iteration_s"]
+    base = results["one rank"]["iteration_s"]
     print(f"{'strategy':<16}{'s/iteration':>12}{'vs 1 proc':>10}{'overhead':>10}{'realloc_s':>11}{'transfer_s':>12}")
     for name, r in results.items():
         print(f"{name:<16}{r['iteration_s']:>12.3f}{r['iteration_s'] / base:>9.2f}x{r['overhead_frac']:>9.1%}"

@@ -64,6 +64,8 @@ class TrainConfig:
     seed: int = 1
     threads: int = 1  # torch CPU threads; the tiny demo model gains nothing from more, and extra
     # threads collapse when other processes share the cores
+    off_policy: int = 0  # 1: generation of iteration t+1 runs while iteration t trains, from weights one
+    # update old (one step off-policy; a disaggregated plan then overlaps generation and training)
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or
     # reallocation may wait for another rank; a hanging rank ends the job after about this long
 
@@ -111,6 +113,8 @@ class GenConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    compile: bool = False  # decode steps through torch.compile: same tokens, faster steps after a
+    # one-off compile of about a minute on a CPU (docs/model.md has the measurements)
 
 
 @dataclass
@@ -217,7 +221,9 @@ def _coerce(value: object, tp: object, key: str) -> object:
                 if value.lower() in ("0", "false", "no", "off"):
                     return False
                 raise ValueError(value)
-            return bool(value)
+            if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+                return bool(value)
+            raise ValueError(value)  # 2, 0.5, a list: not a yes or a no
         if typing.get_origin(tp) is list:
             items = [] if value is None else value if isinstance(value, list) else [value]
             (item_tp,) = typing.get_args(tp)

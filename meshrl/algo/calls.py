@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from ..model.heads import HeadOutputs
 from .advantages import last_token_index
@@ -46,6 +45,7 @@ from .objectives import critic_free_advantages, kl_settings, ppo_advantages
 from .registry import SEQ_KEYS
 from .rollout import generation_config, pack_generation
 from .scoring import function_scores, train_records, with_overlong
+from ..parallel import comm
 
 
 @dataclass
@@ -111,9 +111,8 @@ def reduce_stats(stats: StatSum, place: Place) -> dict[str, float]:
     """Sum the replicas' stats (each already divided by the whole mini-batch's count)."""
     names = sorted(stats.sums)
     if place.dp_group is not None and names:
-        t = torch.tensor([stats.sums[n] for n in names], dtype=torch.float64)
-        dist.all_reduce(t, group=place.dp_group)
-        return dict(zip(names, t.tolist(), strict=True))
+        sums = comm.reduce_floats([stats.sums[n] for n in names], place.dp_group)  # float64: control plane
+        return dict(zip(names, sums, strict=True))
     return dict(stats.sums)
 
 

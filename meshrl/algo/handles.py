@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..model.generation import GenerationConfig, GenerationOutput, generate
-from ..model.heads import HeadOutputs, split_micro
+from ..model.heads import HeadOutputs, pad_head, split_micro, trim_columns
 from ..model.moe import set_moe_aux
 
 LossFn = Callable[[HeadOutputs, Mapping[str, torch.Tensor]], torch.Tensor]
@@ -52,21 +52,17 @@ class LocalHandle:
         self.model, self.optim, self.grad_clip = model, optim, grad_clip
 
     def _head(self, mb: Mapping[str, torch.Tensor], entropy: bool) -> HeadOutputs:
-        """The model on the columns that hold a real token in some row (compute follows real
-        tokens, not the run's fixed P + N), outputs padded back to the full width with zeros:
-        pad keys are masked, so trimming changes no real token's output."""
-        ids, attn = mb["input_ids"], mb["attention_mask"]
-        cols = attn.bool().any(0).nonzero()
-        lo, hi = (int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, ids.shape[1])
-        out = self.model(ids[:, lo:hi], attn[:, lo:hi])
-        width = ids.shape[1]
+        """The model on the micro-batch's real columns (model/heads.py), outputs padded back to the
+        full width with zeros."""
+        run, lo = trim_columns(mb)
+        out = self.model(run["input_ids"], run["attention_mask"])
+        width = mb["input_ids"].shape[1]
         if out.dim() == 2:  # a value model: [b, S']
-            return HeadOutputs(values=_pad_cols(out.float(), lo, width))
+            return pad_head(HeadOutputs(values=out.float()), lo, width)
         logp_all = torch.log_softmax(out[:, :-1].float(), -1)
-        lp = logp_all.gather(-1, ids[:, lo + 1:hi, None]).squeeze(-1)
+        lp = logp_all.gather(-1, run["input_ids"][:, 1:, None]).squeeze(-1)
         ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
-        return HeadOutputs(logprobs=_pad_cols(lp, lo, width - 1),
-                           entropy=_pad_cols(ent, lo, width - 1) if ent is not None else None)
+        return pad_head(HeadOutputs(logprobs=lp, entropy=ent), lo, width)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batches: int = 1,
@@ -108,7 +104,3 @@ class LocalHandle:
         self.optim.zero_grad(set_to_none=True)
         return norm
 
-
-def _pad_cols(x: torch.Tensor, lo: int, width: int) -> torch.Tensor:
-    """[b, w] columns lo..lo+w-1 of a [b, width] tensor that is 0 elsewhere."""
-    return torch.nn.functional.pad(x, (lo, width - lo - x.shape[1]))

@@ -50,7 +50,7 @@ def check_inputs(cfg: Config) -> None:
         if spec.path and role in roles:
             check_checkpoint(spec.path, f"models.{role}.path", value_head=role in ("critic", "reward"))
     from . import setup
-    from .trainer import dataset
+    from .iteration import dataset
 
     tok = setup.tokenizer_for(cfg)
     if cfg.models.reward.path is None and cfg.algo not in ("sft", "rm", "dpo"):
@@ -94,10 +94,11 @@ def check_file(key: str, path: str | None) -> None:
     if not p.is_file():
         raise UserError(f"{key}: {path} is not a file")
     try:
-        with p.open("rb") as f:
-            f.read(1)
+        p.read_text(encoding="utf-8")  # datasets are small next to a run; a bad byte is found now
     except OSError as e:
         raise UserError(f"{key}: cannot read {path} ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{key}: {path} is not UTF-8 text (byte {e.start})") from None
 
 
 def check_checkpoint(path: str, key: str, value_head: bool) -> None:

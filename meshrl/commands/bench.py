@@ -48,8 +48,10 @@ def _realloc_run(args: argparse.Namespace) -> int:
 
     cfg = _model_config(args.model)
     src, dst = Placement.parse(args.src), Placement.parse(args.dst)
-    if args.repeat < 1 or args.bucket_mb <= 0 or args.p2p_mb <= 0:
-        raise UserError("--repeat, --bucket-mb and --p2p-mb must be positive")
+    for flag, value in (("--repeat", args.repeat), ("--bucket-mb", args.bucket_mb), ("--p2p-mb", args.p2p_mb),
+                        ("--timeout", args.timeout)):
+        if not value > 0:
+            raise UserError(f"{flag} must be positive, got {value}")
     itemsize = {"bf16": 2, "fp16": 2, "fp32": 4}[args.dtype]
     # Validate and plan here, before any rank starts: a bad layout is one message, not 8 tracebacks.
     plan = realloc_plan(shard_map(cfg, src, args.value_head), shard_map(cfg, dst, args.value_head), itemsize)

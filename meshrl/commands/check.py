@@ -59,6 +59,8 @@ def _validate(args: argparse.Namespace) -> tuple[object, list[str], list[tuple[s
 
     if args.nprocs < 1:
         raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")
+    if not args.timeout > 0:
+        raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
     probe = Probe(model=args.model, seed=args.seed)
     cfg = probe.config()  # a bad preset / directory fails here with its own message
     run, skipped = [], []

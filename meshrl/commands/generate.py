@@ -1,35 +1,54 @@
-"""``meshrl generate``: complete a prompt with a checkpoint directory (or a preset, for a smoke test).
+"""``meshrl generate``: complete prompts with a checkpoint directory (or a preset, for a smoke test).
 
     meshrl generate --model DIR --prompt TEXT [--max-new-tokens N] [--greedy]
-                    [--temperature T] [--top-k K] [--top-p P] [--seed S]
+                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--compile]
+    meshrl generate --model DIR --prompts FILE.jsonl [--batch-size B] [--chat] [--json] [...]
 
 DIR is a Hugging Face checkpoint directory with a tokenizer (tokenizer.json, or the byte-tokenizer
 mark that meshrl writes for its demo models). A preset name instead of DIR builds that preset with
 random weights (seed 0) and the byte tokenizer: the output is noise, but every code path runs.
-Only the completion is printed, on stdout.
+
+A prompt is encoded exactly as training and evaluation encode it (meshrl.data.encode.prompt_ids:
+the tokenizer's own special tokens, so BOS where the tokenizer adds one). FILE.jsonl holds one JSON
+object a line, {"prompt": TEXT} or, with --chat, {"messages": [{"role": ..., "content": ...}]}
+(a "prompt" then becomes one user message); --chat renders the checkpoint's chat template
+(meshrl/data/chat.py, as training does) and stops a reply at the template's end of turn.
+Row i samples from seed (S, i) only, so a completion does not depend on --batch-size.
+Without --json the completions are printed one after another; --json prints one object
+{"completions": [TEXT, ...], "tokens_per_s": F, "seconds": F} (input order; seconds = generation
+only, not loading; tokens counted up to and including end-of-sequence).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from pathlib import Path
 
 from ..errors import UserError
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("generate", help="complete a prompt with a model",
+    p = subparsers.add_parser("generate", help="complete prompts with a model",
                               description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="checkpoint directory, or a preset name (random weights)")
-    p.add_argument("--prompt", required=True, help="text to complete")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="most tokens to generate (default 32)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one text to complete")
+    src.add_argument("--prompts", metavar="FILE.jsonl", help='one {"prompt": TEXT} (or {"messages": [...]}) a line')
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate at most per prompt")
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample in the nucleus of mass P (1.0 = off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the same seed gives the same text)")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts generated together (speed only)")
+    p.add_argument("--chat", action="store_true", help="apply the checkpoint's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object (completions, tokens/s, seconds)")
+    p.add_argument("--compile", action="store_true", help="run the decode step through torch.compile")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the usable cores)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                   help="dtype the model runs in (default float32)")
+                   help="parameter dtype")
 
 
 def _load(model_arg: str, dtype):
@@ -45,25 +64,121 @@ def _load(model_arg: str, dtype):
                     f"(presets: {', '.join(PRESETS)})")
 
 
+def read_prompts(path: str, chat: bool) -> list[str | list[dict]]:
+    """FILE.jsonl -> per line a text, or (chat) a list of messages. Errors name the line."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"--prompts: no file at {path}")
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--prompts {path}: cannot read ({e})") from None
+    out: list[str | list[dict]] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or not ({"prompt", "messages"} & set(rec)):
+            raise UserError(f'{path}:{n}: expected an object with "prompt" (or "messages" with --chat)')
+        if "messages" in rec:
+            msgs = rec["messages"]
+            if not chat:
+                raise UserError(f'{path}:{n}: "messages" needs --chat (the chat template renders them)')
+            if not isinstance(msgs, list) or not msgs or not all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in msgs):
+                raise UserError(f'{path}:{n}: "messages" must be a non-empty list of {{"role", "content"}} strings')
+            out.append(msgs)
+        elif not isinstance(rec["prompt"], str):
+            raise UserError(f'{path}:{n}: "prompt" must be a string')
+        else:
+            out.append([{"role": "user", "content": rec["prompt"]}] if chat else rec["prompt"])
+    if not out:
+        raise UserError(f"--prompts {path}: no prompts in the file")
+    return out
+
+
+def encode_all(tok, model_dir: str, items: list, chat: bool) -> list[list[int]]:
+    """Prompt texts (or, with chat, conversations) -> token ids, as training encodes them."""
+    from ..data.encode import prompt_ids
+
+    if not chat:
+        return [prompt_ids(tok, text) for text in items]
+    from ..data.chat import load_chat_template
+
+    # The rendered template carries its own special tokens (BOS included), as transformers'
+    # apply_chat_template(tokenize=True) does, and as training encodes a chat record: add none.
+    template = load_chat_template(model_dir)
+    return [prompt_ids(tok, template.render_messages(msgs), special_tokens=False) for msgs in items]
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..model import GenerationConfig, generate
+    from ..model import GenerationConfig
+    from ..plan.hardware import usable_cores
 
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise UserError(f"{flag} must be >= 1, got {value}")
+    if args.threads < 0:
+        raise UserError(f"--threads must be >= 0 (0 = the usable cores), got {args.threads}")
+    if args.chat and not Path(args.model).is_dir():
+        raise UserError("--chat needs a checkpoint directory with a chat template, not a preset")
+    items = read_prompts(args.prompts, args.chat) if args.prompts is not None else (
+        [[{"role": "user", "content": args.prompt}]] if args.chat else [args.prompt])
+    torch.set_num_threads(args.threads or usable_cores())
     model, tok = _load(args.model, getattr(torch, args.dtype))
-    ids = tok.encode(args.prompt)
-    if not ids:
-        raise UserError("--prompt encodes to no tokens")
-    vocab = model.config.vocab_size
-    if max(ids) >= vocab:
-        raise UserError(f"the tokenizer gives id {max(ids)}, beyond the model's vocab_size={vocab}: "
-                        "tokenizer and model do not belong together")
+    prompts = encode_all(tok, args.model, items, args.chat)
+    for i, (item, ids) in enumerate(zip(items, prompts, strict=True)):
+        if not ids or item == "":  # an empty text is a slip, even where BOS alone could be a prompt
+            raise UserError(f"{'--prompt' if args.prompts is None else f'prompt {i + 1}'} is empty "
+                            "(encodes to no tokens of its own)")
+        if max(ids) >= model.config.vocab_size:
+            raise UserError(f"the tokenizer gives id {max(ids)}, beyond the model's vocab_size="
+                            f"{model.config.vocab_size}: tokenizer and model do not belong together")
     eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
+    if args.chat:  # a reply ends at the template's end of turn, as in training (algo/rollout.py)
+        from ..data.chat import end_of_turn_id
+
+        eos = end_of_turn_id(args.model, tok)
     pad = next(t for t in (tok.pad_token_id, eos, 0) if t is not None)
-    cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, greedy=args.greedy,
-                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                           eos_token_id=eos, pad_token_id=pad)
-    out = generate(model, [ids], cfg, seeds=[args.seed])
-    n = int(out.response_mask[0].sum())
-    print(tok.decode(out.responses[0, :n].tolist()))
+    cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, greedy=args.greedy, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p, eos_token_id=eos, pad_token_id=pad,
+                           compile=args.compile)
+    cfg.validate()
+    texts, tokens, seconds = complete(model.eval(), prompts, cfg, args.seed, args.batch_size,
+                                      lambda ids: tok.decode(ids))
+    if args.json:
+        print(json.dumps({"completions": texts, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+                          "seconds": seconds}))
+    else:
+        for text in texts:
+            print(text)
     return 0
+
+
+def complete(model, prompts: list[list[int]], cfg, seed: int, batch_size: int, decode
+             ) -> tuple[list[str], int, float]:
+    """Generate in batches of similar length; -> (texts in input order, tokens generated, seconds).
+
+    Rows are batched by prompt length (less padding); each row's seed is (seed, input index), and
+    sampling is batch-invariant, so the grouping changes speed only."""
+    from ..model import generate
+
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    texts: list[str] = [""] * len(prompts)
+    tokens, seconds = 0, 0.0
+    for lo in range(0, len(order), batch_size):
+        rows = order[lo:lo + batch_size]
+        t0 = time.perf_counter()
+        out = generate(model, [prompts[i] for i in rows], cfg, seeds=[(seed << 32) + i for i in rows])
+        seconds += time.perf_counter() - t0
+        lens = out.response_mask.sum(1).tolist()
+        tokens += int(sum(lens))
+        for r, i in enumerate(rows):
+            texts[i] = decode(out.responses[r, :int(lens[r])].tolist())
+    return texts, tokens, seconds

@@ -39,8 +39,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="optional wall-clock cap on the search (then the plan can depend on the machine's speed)")
     p.add_argument("--seed", type=int, default=0, help="search random seed (default 0)")
-    p.add_argument("--async", dest="async_gen", type=int, choices=(0, 1), default=None,
-                   help="1: generation runs one iteration ahead of training (one step off-policy)")
     p.add_argument("--profile", metavar="FILE", help="measured profile for cluster.device=cpu "
                    "(default $MESHRL_PROFILE or ~/.cache/meshrl/profile-cpu.json)")
     p.add_argument("--calibrate", metavar="OUT/", help="refit each call's cost from the run in OUT/ (its "
@@ -91,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     # --validate compares with this machine, so it needs its measured profile; otherwise the
     # planner's one fallback for a CPU without one (meshrl/plan/fallback.py, as `train --nprocs`)
     pcfg, note = (cfg, "") if args.validate else planning_config(cfg, args.profile)
-    problem = problem_from_config(pcfg, args.profile, args.async_gen)
+    problem = problem_from_config(pcfg, args.profile)
     cpu0 = time.process_time()
     results, search_s = compare(problem, names, steps, args.seed, args.time_limit)
     cpu_s = time.process_time() - cpu0  # the planning's own cost; the wall time grows with the load
@@ -115,14 +113,19 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr if args.json else sys.stdout)
     if not args.items and not args.json:
         print(BARE_HINT)
+    if args.json and args.validate:
+        return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks, as_json=True)
+    flipped = off_policy_times(problem, results)
     if args.json:
-        print(json.dumps({"strategies": {n: r.to_dict() for n, r in results.items()}, "search_s": search_s}))
+        print(json.dumps({"strategies": {n: r.to_dict() for n, r in results.items()}, "search_s": search_s,
+                          "off_policy": {"train.off_policy": problem.off_policy,
+                                         "iteration_s_with_the_other": flipped}}))
         return 0
     c = problem.cluster
     print(f"{cfg.algo} on {c.nodes} x {c.devices_per_node} {problem.hw.name} "
           f"({problem.hw.mem_bytes / 2**30:.0f} GiB each); {problem.shape.batch_size} prompts x "
           f"{problem.shape.samples_per_prompt} samples, {problem.shape.prompt_len} + {problem.shape.gen_len} tokens"
-          f"{'; async generation' if problem.async_gen else ''}")
+          f"{'; generation one step off-policy (train.off_policy=1)' if problem.off_policy else ''}")
     print(f"\nplan: {chosen}")
     print(plan_table(problem, res.plan))
     print()
@@ -131,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"(search: {steps} steps, seed {args.seed}: {search_s:.1f} s; planning took {cpu_s:.1f} s of CPU time)")
     print()
     print(explain(problem, results, chosen))
+    print(off_policy_line(problem, results, chosen, flipped))
     for line in wrote:
         print(line)
     if args.validate:
@@ -138,13 +142,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def off_policy_times(problem, results: dict) -> dict[str, float]:
+    """Each strategy's plan priced with train.off_policy flipped (what allowing, or forbidding, one
+    step off-policy generation changes for this cluster; the plans are kept as they are)."""
+    from dataclasses import replace
+
+    from ..plan.simulator import iteration_time
+
+    other = replace(problem, off_policy=1 - problem.off_policy)
+    return {n: iteration_time(other, r.plan) for n, r in results.items() if r.feasible}
+
+
+def off_policy_line(problem, results: dict, chosen: str, flipped: dict[str, float]) -> str:
+    """One line: what train.off_policy=1 would save (or what it saves now) with the chosen plan and
+    with the best plan under each setting."""
+    if chosen not in flipped:
+        return "train.off_policy: the chosen plan does not fit, nothing to compare"
+    now = {n: r.timeline.iteration_s for n, r in results.items() if r.feasible}
+    on, off = (now, flipped) if problem.off_policy else (flipped, now)
+    best_on, best_off = min(on, key=on.get), min(off, key=off.get)
+    saved = 1 - on[best_on] / off[best_off] if off[best_off] > 0 else 0.0
+    return (f"train.off_policy=1 (generation one step off-policy: the config's choice, it changes results) "
+            f"{'saves' if problem.off_policy else 'would save'} {saved:.0%} of an iteration: best plan "
+            f"{best_on} {on[best_on]:.3g} s against {best_off} {off[best_off]:.3g} s on-policy")
+
+
 def check_validate(cfg, args: argparse.Namespace) -> None:
     """--validate's own input errors, before any planning or rank starts."""
     if cfg.cluster.device != "cpu":
         raise UserError(f"--validate runs the plan on this machine's CPU ranks and needs cluster.device=cpu "
                         f"(got {cfg.cluster.device!r})")
-    if args.json:
-        raise UserError("--validate prints tables; use it without --json")
     if args.max_ranks < 1:
         raise UserError(f"--max-ranks must be >= 1, got {args.max_ranks}")
     world = cfg.cluster.nodes * cfg.cluster.devices_per_node
@@ -156,12 +183,22 @@ def check_validate(cfg, args: argparse.Namespace) -> None:
                         f"got {args.validate_iterations}")
 
 
-def validate(cfg, problem, plan, iterations: int, max_ranks: int) -> int:
-    """Run ``plan`` here and print predicted against measured seconds per step and per iteration;
-    1 if a rank failed (the message names the rank and the step)."""
-    from ..plan.validate import compare, table
+def validate(cfg, problem, plan, iterations: int, max_ranks: int, as_json: bool = False) -> int:
+    """Run ``plan`` here and print predicted against measured seconds (and peak memory) per step and
+    per iteration; 1 if a rank failed (the message names the rank and the step). ``as_json``: one
+    JSON object (plan/validate.py to_json) and nothing else on stdout."""
+    from ..plan.validate import compare, memory, memory_summary, table, to_json
     from ..runtime.validate import rule_calls, run_plan
 
+    if as_json:
+        try:
+            records = run_plan(cfg, plan, iterations, max_ranks)
+        except RuntimeError as e:
+            print(json.dumps({"error": str(e)}))
+            return 1
+        rows = compare(problem, plan, records, rule_calls(cfg, plan))
+        print(json.dumps(to_json(rows, memory(problem, plan, records))))
+        return 0
     print(f"\nvalidating: running the plan on {plan.cluster.size} local gloo rank(s) for {iterations} iterations "
           "(iteration 0 is a warm-up; medians of the others; no SFT warm-up, so generation runs to data.gen_len)",
           flush=True)
@@ -172,6 +209,11 @@ def validate(cfg, problem, plan, iterations: int, max_ranks: int) -> int:
         return 1
     rows = compare(problem, plan, records, rule_calls(cfg, plan))
     print(table(rows))
+    mem = memory(problem, plan, records)
+    print("\npeak memory per call (busiest rank): " + ", ".join(
+        f"{n} {p:.3f}/{m:.3f} GiB" for n, (p, m) in mem.items()) + " (predicted/measured)")
+    med, worst = memory_summary(mem)
+    print(f"memory: median |error| {med:.0%}, worst {worst:.0%}")
     if rule_calls(cfg, plan):
         print(f"({', '.join(rule_calls(cfg, plan))}: a rule reward, no model; the estimator prices a model there)")
     return 0
@@ -195,7 +237,7 @@ def calibrate(args: argparse.Namespace, names: list[str], overrides: list[str], 
         from ..plan.lengths import apply_lengths
 
         apply_lengths(cfg, args.lengths_from)
-    problem = problem_from_config(cfg, args.profile, run_plan.async_gen)
+    problem = problem_from_config(cfg, args.profile)  # the run's own train.off_policy
     unmodelled = rule_calls(cfg, run_plan)
     fit = refit(problem, run_plan, records, unmodelled)
     before = fit.rows[-1].predicted

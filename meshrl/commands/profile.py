@@ -19,6 +19,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", metavar="FILE", help="profile file (default $MESHRL_PROFILE or "
                    "~/.cache/meshrl/profile-cpu.json)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds allowed per collective measurement")
+    p.add_argument("--gpu", metavar="PRESET", help="measure this machine's CUDA device instead (bf16 matmul "
+                   "FLOP/s, HBM bandwidth) as the GPU preset PRESET (e.g. h200), read by `meshrl plan "
+                   "cluster.device=PRESET --profile FILE`")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,7 +29,15 @@ def run(args: argparse.Namespace) -> int:
     from ..plan.hardware import from_profile, profile_path
     from ..runtime.profile import profile
 
+    if not args.timeout > 0:
+        raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.out is not None and not args.out.strip():
+        raise UserError("--out needs a file name")
+    if args.gpu:
+        return run_gpu(args)
     path = profile_path(args.out)
+    if path.is_dir():
+        raise UserError(f"--out {path} is a directory; give the profile file's path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -48,4 +59,31 @@ def run(args: argparse.Namespace) -> int:
     print(f"optimizer step (tiny model, {opt['tensors']} tensors): {opt['step_s'] * 1e3:.1f} ms, "
           f"{opt['sec_per_tensor'] * 1e6:.0f} us per tensor beyond its bytes")
     print(f"wrote {path}")
+    return 0
+
+
+def run_gpu(args: argparse.Namespace) -> int:
+    """``--gpu PRESET``: the CUDA branch (meshrl/runtime/profile_gpu.py)."""
+    from pathlib import Path
+
+    import torch
+
+    from ..errors import UserError
+    from ..plan.hardware import PRESETS, gpu_from_profile
+
+    if args.gpu not in PRESETS:
+        raise UserError(f"--gpu {args.gpu!r}: not a GPU preset; known: {', '.join(PRESETS)}")
+    if not torch.cuda.is_available():
+        raise UserError("--gpu: no CUDA device is visible (a CPU-only build of torch, or no GPU)")
+    from ..runtime.profile_gpu import profile_gpu
+
+    data = profile_gpu(args.gpu, quick=args.quick)
+    hw = gpu_from_profile(PRESETS[args.gpu], data)  # the planner must be able to read what we write
+    path = Path(args.out or f"~/.cache/meshrl/profile-{args.gpu}.json").expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    mm = ", ".join(f"h={h}: {f / 1e12:.0f}" for h, f in data["matmul_bf16"].items())
+    print(f"{data['gpu']}: bf16 matmul TFLOP/s {mm}; HBM {data['hbm_bw'] / 1e9:.0f} GB/s "
+          f"(datasheet {PRESETS[args.gpu].hbm_bw / 1e9:.0f}); planner peak {hw.peak_flops / 1e12:.0f} TFLOP/s")
+    print(f"wrote {path} (meshrl plan cluster.device={args.gpu} --profile {path})")
     return 0

@@ -1,5 +1,6 @@
-"""``meshrl train [CONFIG.yaml] [key=value ...] [--out DIR]``: run an algorithm; with no arguments,
-the built-in demo (a quick SFT, then PPO on single-digit addition with the tiny model)."""
+"""``meshrl train [CONFIG.yaml] [key=value ...] [--nprocs N] [--plan P] [--out DIR] [--resume]``: run an
+algorithm on the runtime (one rank in this process unless --nprocs or torchrun); with no arguments, the
+built-in demo (a quick SFT, then PPO on single-digit addition with the tiny model)."""
 
 from __future__ import annotations
 
@@ -43,11 +44,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    "runs/<algo> otherwise)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar; one plain line per iteration")
     p.add_argument("--nprocs", type=int, default=None,
-                   help="run on N local ranks (gloo on CPU, NCCL on GPUs) with the SPMD runtime")
+                   help="run on N local ranks (gloo on CPU, NCCL on GPUs); default 1, in this process")
     p.add_argument("--plan", default=None, metavar="STRATEGY|FILE.json",
                    help="colocated | interleaved | disaggregated | heuristic | search | a plan file "
-                   "(default with --nprocs: colocated)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+                   "(default: colocated)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out (the "
+                   "same command; train.iterations may be raised, --nprocs and --plan may change)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --out (without it, an existing run is refused)")
 
@@ -61,7 +63,8 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
         raise UserError(f"cannot parse arguments {' '.join(args.rest)!r}; see meshrl train --help") from None
     return argparse.Namespace(items=args.items + more.items, out=more.out or args.out,
                               no_progress=args.no_progress or more.no_progress,
-                              nprocs=more.nprocs or args.nprocs, plan=more.plan or args.plan,
+                              nprocs=more.nprocs if more.nprocs is not None else args.nprocs,
+                              plan=more.plan or args.plan,
                               resume=args.resume or more.resume, overwrite=args.overwrite or more.overwrite)
 
 
@@ -101,41 +104,34 @@ def run(args: argparse.Namespace) -> int:
     if is_demo:  # the demo's sizes for this algorithm, then the user's overrides on top
         cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
     out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
-    check_out(out, args.resume, args.overwrite)
+    rank0 = _rank0()  # under torchrun only global rank 0 looks at and writes OUT (the others would race it)
+    if rank0:
+        check_out(out, args.resume, args.overwrite)
     if args.resume:
         check_resume_config(out, cfg)
     if args.nprocs is not None and args.nprocs < 1:
         raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")
     check_inputs(cfg)  # every model, dataset and rule now, before any warm-up or rank starts
     check_plan_spec(cfg, args.plan, args.nprocs or 1)
-    if args.overwrite:
-        clear_run(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump_yaml(cfg))
-
-    import torch
+    if rank0:
+        if args.overwrite:
+            clear_run(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(dump_yaml(cfg))
 
     note = warmup_plan(cfg)[1]
     if note:
         print(f"note: {note}")
-    if args.nprocs is not None or args.plan is not None or args.resume:
-        return run_distributed(cfg, args, out)
-    from ..algo.trainer import train
+    return run_job(cfg, args, out, is_demo)
 
-    torch.set_num_threads(max(1, cfg.train.threads))
-    print(f"meshrl train: algo={cfg.algo}{' (built-in demo: single-digit addition, tiny model)' if is_demo else ''}")
-    print(sizes_line(cfg))
-    result = train(cfg, out, progress=not args.no_progress)
-    last = result.metrics[-1] if result.metrics else {}
-    first = result.metrics[0] if result.metrics else {}
-    if "reward/mean" in last:
-        print(f"reward/mean: {first['reward/mean']:.3f} at iteration 0 -> {last['reward/mean']:.3f} at "
-              f"iteration {last['iteration']}")
-    if is_demo and cfg.algo != "rm":
-        print("greedy answers of the trained actor: " + examples(result.model_dir))
-    print(f"outputs in {out}/: config.yaml, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
-          f"{result.model_dir.name}/ (Hugging Face checkpoint)")
-    return 0
+
+def _rank0() -> bool:
+    """Whether this process is the job's console and OUT writer: always, except under torchrun."""
+    import os
+
+    from ..runtime.job import under_torchrun
+
+    return not under_torchrun() or os.environ.get("RANK") == "0"
 
 
 def check_plan_spec(cfg, spec: str | None, world: int) -> None:
@@ -157,26 +153,35 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
     resolve_plan(cfg, spec, int(os.environ.get("WORLD_SIZE", world)))
 
 
-def run_distributed(cfg, args: argparse.Namespace, out: Path) -> int:
-    """The SPMD runtime (meshrl/runtime/job.py): ranks, a plan, checkpoints and --resume."""
-    from ..runtime.job import launch
-
+def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
+    """Every run is the runtime (meshrl/runtime/job.py): one rank in this process by default,
+    ``--nprocs N`` local ranks, or the ranks of a torchrun job; all write the same OUT/ and resume."""
     import os
 
-    world = os.environ.get("WORLD_SIZE") if args.nprocs is None else None  # under torchrun
-    print(f"meshrl train: algo={cfg.algo} on {world or args.nprocs or 1} rank(s)")
-    print(sizes_line(cfg))
+    from ..runtime.job import launch, under_torchrun
+
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.nprocs or 1)
+    rank0 = _rank0()
+    if rank0:
+        demo = " (built-in demo: single-digit addition, tiny model)" if is_demo else ""
+        print(f"meshrl train: algo={cfg.algo}{demo} on {world} rank{'s' if world > 1 else ''}")
+        print(sizes_line(cfg))
     try:
-        records = launch(cfg, args.plan or "colocated", args.nprocs or 1, out, resume=args.resume,
+        records = launch(cfg, args.plan or "colocated", world, out, resume=args.resume,
                          progress=not args.no_progress)
     except RuntimeError as e:
         print(f"meshrl train: the job failed and was stopped: {e}")
         return 1
+    if not rank0:
+        return 0
     if records and "reward/mean" in records[-1]:
         print(f"reward/mean: {records[0]['reward/mean']:.3f} at iteration {records[0]['iteration']} -> "
               f"{records[-1]['reward/mean']:.3f} at iteration {records[-1]['iteration']}")
-    trained = "reward/" if cfg.algo == "rm" else "actor/"
-    print(f"outputs in {out}/: config.yaml, plan.json, metrics.jsonl, trace.json (Perfetto), ckpt-*/, {trained}")
+    trained = "reward" if cfg.algo == "rm" else "actor"
+    if is_demo and cfg.algo != "rm" and (out / trained).is_dir():
+        print("greedy answers of the trained actor: " + examples(out / trained))
+    print(f"outputs in {out}/: config.yaml, plan.json, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
+          f"trace.json (Perfetto), ckpt-*/ (--resume), {trained}/ (Hugging Face checkpoint)")
     return 0
 
 

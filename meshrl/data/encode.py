@@ -1,6 +1,7 @@
 """Records (strings) to the fixed-width tensors of algo/batch.py.
 
-Prompts are ``[bos] + tokens`` left-padded to P = data.prompt_len; responses are ``tokens + [eos]``
+Prompts are encoded as the tokenizer does (``prompt_ids``: BOS where it adds one), left-padded to
+P = data.prompt_len; responses are ``tokens + [eos]``
 right-padded to N = data.gen_len. Too-long text is a UserError naming the record, never a silent
 truncation (a truncated answer would silently change the task).
 """
@@ -20,9 +21,20 @@ def _plain(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
+def prompt_ids(tok, text: str, special_tokens: bool = True) -> list[int]:
+    """A prompt's ids, the one encoding that training, evaluation and ``meshrl generate`` share:
+    the tokenizer's own special tokens, as transformers encodes (a Hugging Face tokenizer's
+    post-processor adds BOS where the model was trained with it, and nothing where not; the byte
+    tokenizer's convention is BOS first). ``special_tokens=False``: text that carries its own,
+    such as a rendered chat template."""
+    if isinstance(tok, ByteTokenizer):
+        return tok.encode(text, add_bos=special_tokens)
+    return tok.encode(text, add_special_tokens=special_tokens)
+
+
 def encode_prompt(tok, text: str, prompt_len: int, where: str) -> list[int]:
-    """[bos] + tokens of a prompt (bos only if the tokenizer has one)."""
-    ids = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + _plain(tok, text)
+    """The prompt's ids (``prompt_ids``), checked against P."""
+    ids = prompt_ids(tok, text)
     if len(ids) > prompt_len:
         raise UserError(f"{where}: prompt is {len(ids)} tokens, more than data.prompt_len={prompt_len}")
     return ids

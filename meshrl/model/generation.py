@@ -1,26 +1,40 @@
-"""Batched generation with a static KV cache, as small functions in the style of gpt-fast.
+"""Batched generation with static KV caches, as small functions in the style of gpt-fast.
 
-    prompts --left-pad--> prefill --> sample --> decode one token --> sample --> ... until EOS/budget
+    prompts --left-pad--> prefill --> pick --> decode one token --> pick --> ... until EOS/budget
 
 Prompts of different lengths are left-padded, so that every row's next token sits in the same
 column; positions are counted over real tokens only (``positions_from_mask``), as HF's
 ``generate`` does, so a row's logits do not depend on how much padding it got.
 
-Randomness belongs to the data, not to the batch: row i draws only from its own generator seeded
-by ``seeds[i]``, one draw per step, so a row samples the same tokens in any batch and at any batch
-position. Returned log-probabilities are those of the raw model distribution (log_softmax of the
-untempered, unfiltered float32 logits), so that PPO's "old" log-probs equal a fresh forward pass.
+Under ``GenerationConfig.compile`` the decode step has the same shapes at every step: the caches
+are static [B, kvh, P+N, D], the mask covers all P+N slots from the start (causality hides the
+slots not yet written), and the slot is a 0-dim tensor, so ``torch.compile`` traces it once.
+Eager steps read only the filled prefix of the same caches (fewer keys on a CPU). Nothing waits
+for the host per token: end-of-sequence is tracked on the device and looked at every
+``sync_every`` steps. At those checks, once at most ``compact_below`` of the batch is alive, the
+finished rows are dropped from the batch and the caches (compaction), so a long tail does not
+pay for the whole batch.
+
+Randomness belongs to the data, not to the batch: row i's noise is a hash of (seeds[i], step,
+token) (meshrl/model/sampling.py), so a row samples the same tokens in any batch, at any batch
+position, after compaction and under any plan. Returned log-probabilities are those of the raw
+model distribution (log_softmax of the untempered, unfiltered float32 logits), so that PPO's "old"
+log-probs equal a fresh forward pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+import os
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import UserError
+from .sampling import filter_logits, row_keys, sample_tokens
 from .transformer import CausalLM, KVCache
+
+__all__ = ["GenerationConfig", "GenerationOutput", "generate", "sequence_logprobs", "filter_logits"]
 
 
 @dataclass
@@ -32,6 +46,16 @@ class GenerationConfig:
     top_p: float = 1.0  # 1.0 = off
     eos_token_id: int | None = None
     pad_token_id: int = 0
+    # Run the decode step through torch.compile (same tokens, faster steps). Left at None, the
+    # environment decides: MESHRL_GEN_COMPILE=1 turns it on in this process and the ranks it starts
+    # (that runs the generation tests under compile without a copy of each test).
+    compile: bool | None = None  # None: MESHRL_GEN_COMPILE
+    sync_every: int = 8  # decode steps between host checks for "every row has ended" (and compaction)
+    compact_below: float = 0.5  # at a check, drop finished rows once at most this share is alive
+
+    @property
+    def use_compile(self) -> bool:
+        return self.compile if self.compile is not None else os.environ.get("MESHRL_GEN_COMPILE", "") == "1"
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
@@ -43,6 +67,10 @@ class GenerationConfig:
             raise UserError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise UserError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.sync_every < 1:
+            raise UserError(f"sync_every must be >= 1, got {self.sync_every}")
+        if not 0.0 <= self.compact_below < 1.0:
+            raise UserError(f"compact_below must be in [0, 1) (0 = never compact), got {self.compact_below}")
 
 
 @dataclass
@@ -67,7 +95,7 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device
     return ids.to(device), mask.to(device)
 
 
-def make_caches(model: CausalLM, batch: int, max_len: int) -> list[KVCache]:
+def make_caches(model, batch: int, max_len: int) -> list[KVCache]:
     """One static cache per local layer, sized for the heads this module actually holds."""
     layers = model.model.layers
     attn = layers[0].self_attn
@@ -76,85 +104,101 @@ def make_caches(model: CausalLM, batch: int, max_len: int) -> list[KVCache]:
     return [KVCache(batch, kv_heads, max_len, attn.head_dim, w.dtype, w.device) for _ in layers]
 
 
+def compact_caches(caches: list[KVCache], keep: torch.Tensor) -> None:
+    """Keep rows ``keep`` [b'] (long) of every cache."""
+    for c in caches:
+        c.k, c.v = c.k.index_select(0, keep), c.v.index_select(0, keep)
+
+
 def decode_one(model: CausalLM, tok: torch.Tensor, mask: torch.Tensor, caches: list[KVCache],
-               start: int) -> torch.Tensor:
-    """tok [B] at cache slot ``start``; mask [B, start+1] covers the cached prefix. -> logits [B, V]."""
+               start: torch.Tensor | int) -> torch.Tensor:
+    """tok [B] written at cache slot ``start``; mask [B, start+1] covers the filled cache, or, with
+    ``start`` a 0-dim long tensor, mask [B, max_len] covers the whole cache: then the shapes are the
+    same at every step (one compiled graph). -> next-token logits [B, V] float32."""
     hidden = model.model(tok[:, None], mask, caches, start)
     return model.lm_head(hidden[:, -1]).float()
 
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """logits [B, V] -> the same with tokens outside top-k / the top-p nucleus set to -inf.
-    Top-p keeps the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        mass_before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
-        drop_sorted = mass_before >= top_p
-        drop_sorted[:, 0] = False
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+def pick_token(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.Tensor, temperature: float,
+               top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, V] float32 -> (tokens [B] long, their log-prob [B] float32 under the raw logits).
+    ``keys`` None = greedy."""
+    tok = sample_tokens(logits, keys, step, temperature, top_k, top_p)
+    return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
 
 
-def sample(logits: torch.Tensor, cfg: GenerationConfig, gens: list[torch.Generator] | None) -> torch.Tensor:
-    """logits [B, V] float32 -> tokens [B]. Sampling uses the exponential race (argmax of p / E with
-    E ~ Exp(1), as gpt-fast does), each row drawing its E from its own generator."""
-    if cfg.greedy:
-        return logits.argmax(-1)
-    probs = filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1)
-    race = torch.stack([torch.empty_like(probs[i]).exponential_(1.0, generator=g)
-                        for i, g in enumerate(gens)])
-    return (probs / race).argmax(-1)
+def compiled(name: str, fn: Callable, owner: torch.nn.Module) -> Callable:
+    """``torch.compile(fn)`` for one model (``owner``), made once and kept on it: each model has its
+    own graphs and its own recompile budget (static shapes first; a second batch size or cache
+    length makes those dimensions dynamic)."""
+    cache = owner.__dict__.setdefault("_meshrl_compiled", {})
+    if name not in cache:
+        cache[name] = torch.compile(fn)
+    return cache[name]
 
 
-# ---- the loop ----------------------------------------------------------------------------------
-def _generators(seeds: list[int] | None, n: int, device: torch.device) -> list[torch.Generator] | None:
+def seed_keys(seeds: list[int] | None, n: int, device: torch.device) -> torch.Tensor:
+    """Per-row sampling keys [n] from the caller's seeds (random ones when None)."""
     if seeds is None:
         seeds = [int(s) for s in torch.randint(0, 2**62, (n,))]
     if len(seeds) != n:
         raise UserError(f"generate: got {len(seeds)} seeds for {n} prompts")
-    return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+    return row_keys([int(s) for s in seeds], device)
 
 
-def pick_token(logits: torch.Tensor, cfg: GenerationConfig, gens: list[torch.Generator] | None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, V] float32 -> (tokens [B] long, their log-prob [B] float32 under the raw logits)."""
-    tok = sample(logits, cfg, gens)
-    return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
+# ---- the loop ----------------------------------------------------------------------------------
+# prefill(ids [B, P], mask [B, P]) and decode(tok [b], mask [b, P+N], slot 0-dim tensor) return
+# the next-token float32 logits [b, V] (None on ranks that hold none). pick(logits, rows [b], step
+# 0-dim tensor), rows being the original index of each row still in the batch, returns (tokens [b]
+# long, log-probs [b] float32), the same on every rank that calls it. compact(keep [b'] long) drops
+# the other rows from the caller's caches.
+Prefill = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
+Decode = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
+Pick = Callable[["torch.Tensor | None", torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def decode_loop(forward: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor | None],
-                pick: Callable[[torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]],
-                ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig) -> GenerationOutput:
+def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[[torch.Tensor], None],
+                ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool = False
+                ) -> GenerationOutput:
     """The decoding loop every generator shares (one process here, a pipeline in
     meshrl/parallel/generate.py): prefill, then pick a token and decode it, until EOS or the budget.
 
-    ``forward(x [B, s], mask [B, start+s], start)`` runs x at cache slots start.. and returns the
-    next-token float32 logits [B, V] (None on ranks that hold none); ``pick(logits)`` returns
-    (tokens [B] long, log-probs [B] float32), the same on every rank that calls it."""
+    ``static``: the decode step gets the whole mask and a tensor slot (fixed shapes, for a compiled
+    step); otherwise an int slot and the mask of the filled prefix, so that eager attention reads
+    only the filled cache (fewer keys, and the very numbers of an unpadded forward).
+    Host syncs: one every ``cfg.sync_every`` steps (all ended? compact?) and one at the end."""
     b, p = ids.shape
-    # The mask for the whole run; generated columns switch on as they are filled.
-    mask = torch.cat([prompt_mask, torch.ones(b, cfg.max_new_tokens, dtype=torch.long, device=ids.device)], 1)
-    tokens, logprobs, alive_cols = [], [], []
-    alive = torch.ones(b, dtype=torch.bool, device=ids.device)
-    logits = forward(ids, prompt_mask, 0)
-    for step in range(cfg.max_new_tokens):
-        tok, lp = pick(logits)
-        tok = torch.where(alive, tok, torch.full_like(tok, cfg.pad_token_id))
-        tokens.append(tok)
-        logprobs.append(torch.where(alive, lp, torch.zeros_like(lp)))
-        alive_cols.append(alive.long())
+    n, dev = cfg.max_new_tokens, ids.device
+    # The mask for the whole run, fixed: generated slots are real tokens; causality hides the future.
+    mask = torch.cat([prompt_mask, torch.ones(b, n, dtype=torch.long, device=dev)], 1)
+    out_tok = torch.full((b, n), cfg.pad_token_id, dtype=torch.long, device=dev)
+    out_lp = torch.zeros(b, n, dtype=torch.float32, device=dev)
+    out_alive = torch.zeros(b, n, dtype=torch.long, device=dev)
+    rows = torch.arange(b, device=dev)  # original index of each row still in the batch
+    alive = torch.ones(b, dtype=torch.bool, device=dev)
+    slot = torch.tensor(p, dtype=torch.long, device=dev)
+    logits = prefill(ids, prompt_mask)
+    for step in range(n):
+        tok, lp = pick(logits, rows, torch.tensor(step, dtype=torch.long, device=dev))
+        tok = torch.where(alive, tok, cfg.pad_token_id)
+        out_tok[rows, step] = tok
+        out_lp[rows, step] = torch.where(alive, lp, 0.0)
+        out_alive[rows, step] = alive.long()
         if cfg.eos_token_id is not None:
             alive = alive & (tok != cfg.eos_token_id)
-        if step + 1 == cfg.max_new_tokens or not bool(alive.any()):
+        if step + 1 == n:
             break
-        logits = forward(tok[:, None], mask[:, :p + step + 1], p + step)
-    return GenerationOutput(torch.stack(tokens, 1), torch.stack(logprobs, 1).float(),
-                            torch.stack(alive_cols, 1))
+        if cfg.eos_token_id is not None and (step + 1) % cfg.sync_every == 0:
+            live = int(alive.sum())  # the host check
+            if live == 0:
+                break
+            if live <= cfg.compact_below * len(rows):
+                keep = alive.nonzero().squeeze(1)
+                compact(keep)
+                rows, alive, tok, mask = rows[keep], alive[keep], tok[keep], mask[keep]
+        logits = decode(tok, mask, slot + step) if static else decode(tok, mask[:, :p + step + 1], p + step)
+    width = max(int(out_alive.sum(1).max()), 1)  # as if the loop had stopped when the last row ended
+    return GenerationOutput(out_tok[:, :width].clone(), out_lp[:, :width].clone(), out_alive[:, :width].clone())
 
 
 @torch.inference_mode()
@@ -165,15 +209,20 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     Stops early once every row has produced EOS. See GenerationOutput for the shapes."""
     cfg.validate()
     device = model.lm_head.weight.device
-    gens = None if cfg.greedy else _generators(seeds, len(prompts), device)
+    keys = None if cfg.greedy else seed_keys(seeds, len(prompts), device)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, device)
     caches = make_caches(model, len(prompts), ids.shape[1] + cfg.max_new_tokens)
+    step_fn = compiled("decode_one", decode_one, model) if cfg.use_compile else decode_one
+    pick_fn = compiled("pick_token", pick_token, model) if cfg.use_compile else pick_token
 
-    def forward(x: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
+    def prefill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # Only the last position goes through the LM head (the others' logits are never used).
-        return model.lm_head(model.model(x, mask, caches, start)[:, -1]).float()
+        return model.lm_head(model.model(x, mask, caches, 0)[:, -1]).float()
 
-    return decode_loop(forward, lambda logits: pick_token(logits, cfg, gens), ids, prompt_mask, cfg)
+    return decode_loop(prefill, lambda tok, mask, slot: step_fn(model, tok, mask, caches, slot),
+                       lambda logits, rows, step: pick_fn(logits, None if keys is None else keys[rows], step,
+                                                          cfg.temperature, cfg.top_k, cfg.top_p),
+                       lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg, static=cfg.use_compile)
 
 
 def sequence_logprobs(model: CausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None

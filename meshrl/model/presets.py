@@ -11,6 +11,8 @@ from .config import ConfigError, ModelConfig, RopeScaling
 
 _LLAMA2 = dict(model_type="llama", vocab_size=32000, rms_norm_eps=1e-5, max_position_embeddings=4096,
                bos_token_id=1, eos_token_id=2)
+_QWEN3 = dict(vocab_size=151936, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=40960,
+              bos_token_id=151643, eos_token_id=151645, head_dim=128, rope_format="rope_parameters")
 _QWEN25 = dict(model_type="qwen2", attention_bias=True, rope_theta=1e6, rms_norm_eps=1e-6,
                max_position_embeddings=32768, bos_token_id=151643, eos_token_id=151645)
 
@@ -74,6 +76,24 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen2.5-72b": ModelConfig(vocab_size=152064, hidden_size=8192, intermediate_size=29568,
                                num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
                                **_QWEN25),
+    # Llama 3.1 (Meta's config.json: rope_scaling llama3, factor 8 over an original 8192 context)
+    "llama3.1-8b": ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                               num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                               rms_norm_eps=1e-5, max_position_embeddings=131072, model_type="llama",
+                               bos_token_id=128000, eos_token_id=128001,
+                               rope_scaling=RopeScaling("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                        original_max_position_embeddings=8192)),
+    "qwen3-8b": ModelConfig(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                            num_key_value_heads=8, model_type="qwen3", **_QWEN3),
+    # Mixture of experts: Qwen3-30B-A3B (128 experts, top-8, 48 layers) and Mixtral-8x7B (8, top-2)
+    "qwen3-30b-a3b": ModelConfig(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+                                 num_attention_heads=32, num_key_value_heads=4, model_type="qwen3_moe",
+                                 num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                                 norm_topk_prob=True, **_QWEN3),
+    "mixtral-8x7b": ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                num_attention_heads=32, num_key_value_heads=8, rope_theta=1e6, rms_norm_eps=1e-5,
+                                max_position_embeddings=32768, model_type="mixtral", num_experts=8,
+                                num_experts_per_tok=2, bos_token_id=1, eos_token_id=2),
 }
 
 

@@ -58,8 +58,16 @@ class KVCache:
         self.k = torch.zeros(batch, kv_heads, max_len, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
 
-    def update(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, kvh, s, D] at slots start..start+s; return the filled prefix."""
+    def update(self, start: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, kvh, s, D] at slots start..start+s; return the filled prefix, or, when
+        ``start`` is a 0-dim tensor (the fixed-shape decode step), the whole buffers: the caller's
+        mask then hides the slots not yet written, and the shapes never change between steps."""
+        if isinstance(start, torch.Tensor):
+            slots = start + torch.arange(k.shape[2], device=k.device)
+            self.k.index_copy_(2, slots, k)
+            self.v.index_copy_(2, slots, v)
+            return self.k, self.v
         end = start + k.shape[2]
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
@@ -140,13 +148,16 @@ class DecoderLayer(nn.Module):
         return x + (self.ffn(h, token_mask) if self.moe else self.ffn(h))
 
 
-def build_mask(key_mask: torch.Tensor, q_len: int, sliding_window: int | None = None) -> torch.Tensor:
-    """key_mask [B, T] (1 = real token) -> boolean [B, 1, q_len, T] for the last q_len queries.
+def build_mask(key_mask: torch.Tensor, q_len: int, sliding_window: int | None = None,
+               q_start: torch.Tensor | None = None) -> torch.Tensor:
+    """key_mask [B, T] (1 = real token) -> boolean [B, 1, q_len, T] for the last q_len queries, or
+    for the queries at slots q_start.. (a 0-dim tensor: the static-cache decode step).
 
     Causal plus key padding. Every query may also attend to itself, so that rows of pad queries
     are never fully masked (which would give NaN); pad outputs are ignored downstream."""
     t = key_mask.shape[1]
-    q_pos = torch.arange(t - q_len, t, device=key_mask.device)[:, None]  # [S, 1]
+    first = t - q_len if q_start is None else q_start
+    q_pos = (first + torch.arange(q_len, device=key_mask.device))[:, None]  # [S, 1]
     k_pos = torch.arange(t, device=key_mask.device)[None, :]  # [1, T]
     allowed = k_pos <= q_pos
     if sliding_window is not None:
@@ -177,21 +188,29 @@ class Backbone(nn.Module):
         self.norm: RMSNorm | None = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                caches: list[KVCache] | None = None, start: int = 0) -> torch.Tensor:
+                caches: list[KVCache] | None = None, start: int | torch.Tensor = 0) -> torch.Tensor:
         """x: input_ids [B, S] or hidden [B, S, hidden]. attention_mask [B, start+S] covers the
-        cached prefix too. Returns hidden [B, S, hidden]."""
+        cached prefix too. With ``start`` a 0-dim tensor (static caches: the decode step, whose
+        shapes never change), attention_mask covers the whole cache [B, max_len] and the queries
+        sit at slots start..start+S. Returns hidden [B, S, hidden]."""
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
         b, s = h.shape[:2]
-        plain_causal = attention_mask is None and caches is None and start == 0 and (
-            self.cfg.sliding_window is None or s <= self.cfg.sliding_window)
-        if attention_mask is None:
-            attention_mask = torch.ones(b, start + s, dtype=torch.long, device=h.device)
-        pos = positions_from_mask(attention_mask)[:, start:start + s]
+        if isinstance(start, torch.Tensor):  # the static-cache decode step: gather at tensor slots
+            slots = (start + torch.arange(s, device=h.device))[None].expand(b, s)
+            pos = positions_from_mask(attention_mask).gather(1, slots)
+            tokens = attention_mask.gather(1, slots)
+            mask = build_mask(attention_mask, s, self.cfg.sliding_window, q_start=start)
+        else:
+            plain_causal = attention_mask is None and caches is None and start == 0 and (
+                self.cfg.sliding_window is None or s <= self.cfg.sliding_window)
+            if attention_mask is None:
+                attention_mask = torch.ones(b, start + s, dtype=torch.long, device=h.device)
+            pos = positions_from_mask(attention_mask)[:, start:start + s]
+            tokens = attention_mask[:, start:start + s]
+            # Unpadded batches skip building the [B, 1, S, S] mask and take SDPA's causal path
+            # (measured on par or slightly faster on CPU; see docs/model.md).
+            mask = None if plain_causal else build_mask(attention_mask, s, self.cfg.sliding_window)
         cos, sin = rope_cos_sin(pos, self.cfg, h.dtype)
-        tokens = attention_mask[:, start:start + s]
-        # Unpadded batches skip building the [B, 1, S, S] mask and take SDPA's causal path
-        # (measured on par or slightly faster on CPU; see docs/model.md).
-        mask = None if plain_causal else build_mask(attention_mask, s, self.cfg.sliding_window)
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, mask, None if caches is None else caches[i], start, tokens)
         return self.norm(h) if self.norm is not None else h
@@ -209,7 +228,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                caches: list[KVCache] | None = None, start: int = 0) -> torch.Tensor:
+                caches: list[KVCache] | None = None, start: int | torch.Tensor = 0) -> torch.Tensor:
         return self.lm_head(self.model(input_ids, attention_mask, caches, start))
 
     def save_pretrained(self, path: str, max_shard_bytes: int | None = None) -> None:

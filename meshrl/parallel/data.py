@@ -19,10 +19,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..layout.shardmap import ShardMap
+from . import comm
 from .groups import Axis, RankGroups
 
 
@@ -41,7 +41,7 @@ def all_reduce_grads(params: list[nn.Parameter], axis: Axis, bucket_bytes: int =
         size += p.grad.numel() * p.grad.element_size()
         if size >= bucket_bytes or i == len(params) - 1:
             flat = torch.cat([g.reshape(-1) for g in bucket])
-            dist.all_reduce(flat, group=axis.group)
+            comm.all_reduce(flat, axis.group)
             offset = 0
             for g in bucket:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
@@ -69,9 +69,10 @@ def clip_grad_norm(named: dict[str, nn.Parameter], counted: set[str], mp: Axis, 
     sq = torch.zeros((), dtype=torch.float64)
     for name in sorted(counted):
         sq += torch.linalg.vector_norm(named[name].grad, 2).double() ** 2
-    if mp.group is not None:
-        dist.all_reduce(sq, group=mp.group)
-    total = math.sqrt(sq.item())
+    total_sq = float(sq.item())
+    if mp.group is not None:  # a float64 statistic: the control plane
+        total_sq = comm.reduce_floats([total_sq], mp.group)[0]
+    total = math.sqrt(total_sq)
     coef = min(max_norm / (total + 1e-6), 1.0)
     if coef < 1.0:
         for p in {id(p): p for p in named.values()}.values():
@@ -88,13 +89,18 @@ class AdamWConfig:
     max_grad_norm: float = 1.0  # <= 0: no clipping
     # (parameter-name prefix, lr multiplier): e.g. a reward model's fresh score head learns faster
     lr_scales: tuple[tuple[str, float], ...] = ()
+    foreach: bool | None = None  # multi-tensor AdamW; None: on a GPU only (see ZeroAdamW)
 
 
 class ZeroAdamW:
-    """AdamW whose state is sharded over the dp axis (ZeRO stage 1).
+    """AdamW whose state is sharded over the dp axis (ZeRO stage 1), with fp32 master weights.
 
-    Each rank's chunk is a view into its own parameter storage, so torch's AdamW updates the
-    parameter in place and, with dp = 1, nothing is copied at all."""
+    fp32 parameters: each rank's chunk is a view into its own parameter storage, so torch's AdamW
+    updates the parameter in place and, with dp = 1, nothing is copied at all (4 + 4 + 8/dp bytes
+    per parameter: weights, gradients, m and v). Lower-precision (bf16) parameters: the chunk is an
+    fp32 *master* copy of this rank's 1/dp of the parameter; the step reads the bf16 gradient chunk
+    as fp32, updates the master, and rounds it back into the bf16 parameter before the all-gather
+    (2 + 2 + 12/dp bytes: bf16 weights and gradients, master + m + v sharded), as the planner prices."""
 
     def __init__(self, params: list[nn.Parameter], dp: Axis, cfg: AdamWConfig, names: list[str] | None = None
                  ) -> None:
@@ -112,12 +118,30 @@ class ZeroAdamW:
             size = -(-n // dp.size)
             lo, hi = min(dp.index * size, n), min((dp.index + 1) * size, n)
             self.bounds.append((lo, hi, size))
-            self.chunks.append(nn.Parameter(p.detach().view(-1)[lo:hi]))
+            view = p.detach().view(-1)[lo:hi]
+            self.chunks.append(nn.Parameter(view if p.dtype == torch.float32 else view.float().clone()))
         groups = [{"params": [c for c, x in zip(self.chunks, scales, strict=True) if x == scale], "lr": cfg.lr * scale}
                   for scale in dict.fromkeys(scales)]
+        # foreach (multi-tensor kernels: a few launches per step instead of a dozen per tensor) on a
+        # GPU, where launches dominate; on a CPU the per-tensor loop, whose cost the CPU profile measured
+        # (meshrl/runtime/profile_layers.py measures this very class, so each device prices its own).
+        foreach = cfg.foreach if cfg.foreach is not None else any(p.is_cuda for p in self.params)
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, foreach=False)
+                                     weight_decay=cfg.weight_decay, foreach=foreach)
         self._gather_buckets = self._buckets()
+        self._init_state()
+
+    @torch.no_grad()
+    def _init_state(self) -> None:
+        """AdamW's moments made now rather than at the first step (what torch's AdamW would make
+        then, zeros and step 0: the same numbers): the rank holds its whole optimizer state from
+        the start, so a plan that does not fit fails when the models are built, not mid-run, and
+        the memory the planner predicts is there in every call."""
+        for g in self.opt.param_groups:
+            for c in g["params"]:
+                self.opt.state[c] = {"step": torch.tensor(0.0, dtype=torch.float32),
+                                     "exp_avg": torch.zeros_like(c, memory_format=torch.preserve_format),
+                                     "exp_avg_sq": torch.zeros_like(c, memory_format=torch.preserve_format)}
 
     def set_lr(self, lr: float) -> None:
         for g in self.opt.param_groups:
@@ -128,8 +152,13 @@ class ZeroAdamW:
         """Update this rank's chunks (in place, in the parameters) from the already reduced
         gradients, then all-gather the other ranks' chunks."""
         for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
-            chunk.grad = p.grad.view(-1)[lo:hi]
+            g = p.grad.view(-1)[lo:hi]
+            chunk.grad = g if g.dtype == chunk.dtype else g.float()
         self.opt.step()
+        for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
+            if p.dtype != chunk.dtype:  # master -> the low-precision parameter (round to nearest)
+                p.detach().view(-1)[lo:hi].copy_(chunk)
+            chunk.grad = None
         if self.dp.group is None:
             return
         for items in self._gather_buckets:
@@ -160,7 +189,7 @@ class ZeroAdamW:
             mine[off:off + hi - lo] = p.view(-1)[lo:hi]
             off += size
         parts = [torch.empty_like(mine) for _ in range(self.dp.size)]
-        dist.all_gather(parts, mine, group=self.dp.group)
+        comm.all_gather(parts, mine, self.dp.group)
         off = 0
         for p, (_, _, size) in items:
             flat, n = p.view(-1), p.numel()
@@ -174,10 +203,20 @@ class ZeroAdamW:
             p.grad = None
 
     def state_dict(self) -> dict:
-        return self.opt.state_dict()
+        """AdamW's state, plus the fp32 master chunks when the parameters are not fp32."""
+        out = self.opt.state_dict()
+        if any(p.dtype != c.dtype for p, c in zip(self.params, self.chunks, strict=True)):
+            out = {**out, "master": [c.detach().clone() for c in self.chunks]}
+        return out
 
+    @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        master = state.pop("master", None)
         self.opt.load_state_dict(state)
+        if master is not None:
+            for c, m in zip(self.chunks, master, strict=True):
+                c.copy_(m)
 
 
 def sync_grads(named: dict[str, nn.Parameter], groups: RankGroups, kv_names: list[str],

@@ -2,9 +2,10 @@
 last stage gathers the (one position of) vocabulary-sharded logits over tp, samples with the very
 same functions as meshrl/model/generation.py, and broadcasts the new tokens to every stage.
 
-Each stage keeps a KV cache for its own layers and its own (tensor-parallel share of the) KV
-heads. Because sampling reuses ``generation.sample`` on the full float32 logits with per-row
-generators, a row draws the same tokens as on one process; greedy decoding is argmax either way.
+Each stage keeps a static KV cache for its own layers and its own (tensor-parallel share of the) KV
+heads. Because sampling reuses ``generation.pick_token`` on the full float32 logits with per-row
+counter-based noise, a row draws the same tokens as on one process; greedy decoding is argmax
+either way. Compaction drops the same finished rows on every stage (all see the same tokens).
 """
 
 from __future__ import annotations
@@ -12,22 +13,27 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
-from ..model.generation import (GenerationConfig, GenerationOutput, _generators, decode_loop, left_pad, make_caches,
-                                pick_token)
+from ..model.generation import (GenerationConfig, GenerationOutput, compact_caches, compiled, decode_loop,
+                                left_pad, make_caches, pick_token, seed_keys)
 from .groups import Axis
 from .pipeline import Pipe
 from .stage import Stage
 from .tensor import gather_vocab
 
 
+def _stage_forward(stage: Stage, x: torch.Tensor, mask: torch.Tensor, caches: list,
+                   start: int | torch.Tensor) -> torch.Tensor:
+    return stage(x, mask, caches, start)
+
+
 def _step(stage: Stage, pipe: Pipe, tp: Axis, x: torch.Tensor, mask: torch.Tensor, caches: list,
-          start: int) -> torch.Tensor | None:
+          start: int | torch.Tensor, forward=_stage_forward) -> torch.Tensor | None:
     """One pass of x [B, s] (token ids; the other stages receive hidden [B, s, hidden]) through the
     pipeline; -> full float32 logits [B, V] of the last position on the last stage, else None."""
     b, s = x.shape
     if not pipe.first:
         x = pipe.recv_forward((b, s, stage.model.cfg.hidden_size), stage.dtype)
-    h = stage(x, mask, caches, start)
+    h = forward(stage, x, mask, caches, start)
     if not pipe.last:
         pipe.send_forward(h)
         return None
@@ -44,20 +50,27 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
         raise UserError("generate: sampling on several ranks needs per-row seeds (randomness belongs "
                         "to the data, so every rank and every layout draws the same tokens)")
     dev = stage.device
-    gens = None if cfg.greedy else _generators(seeds, len(prompts), dev)
+    keys = None if cfg.greedy else seed_keys(seeds, len(prompts), dev)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, dev)
     caches = make_caches(stage, len(prompts), ids.shape[1] + cfg.max_new_tokens)
 
-    def pick(logits: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def pick(logits: torch.Tensor | None, rows: torch.Tensor, step: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         # The last stage picks; every stage gets the tokens (exact in float64) and their log-probs.
-        packed = torch.empty(2, len(prompts), dtype=torch.float64, device=dev)
+        packed = torch.empty(2, rows.numel(), dtype=torch.float64, device=dev)
         if pipe.last:
-            tok, lp = pick_token(logits, cfg, gens)
+            tok, lp = pick_token(logits, None if keys is None else keys[rows], step, cfg.temperature,
+                                 cfg.top_k, cfg.top_p)
             packed[0], packed[1] = tok.double(), lp.double()
         pipe.broadcast_from_last(packed)
         return packed[0].long(), packed[1].float()
 
-    out = decode_loop(lambda x, mask, start: _step(stage, pipe, tp, x, mask, caches, start), pick,
-                      ids, prompt_mask, cfg)
+    # The stage's layers are compiled where they hold no collective (tp = 1); sends, receives and
+    # tensor-parallel all-reduces stay eager.
+    fwd = compiled("stage_forward", _stage_forward, stage) if cfg.use_compile and tp.size == 1 else _stage_forward
+    out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0),
+                      lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd),
+                      pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg,
+                      static=fwd is not _stage_forward)
     pipe.wait_sends()
     return out

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from ..errors import UserError
 from ..layout.mesh import Placement
+from . import comm
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class GroupCache:
         remembers it, None on non-members, so no rank makes it again)."""
         key = tuple(sorted(ranks))
         if len(key) > 1 and key not in self._groups:
-            g = dist.new_group(list(key), timeout=self.timeout)
+            g = comm.new_group(list(key), self.timeout)
             self._groups[key] = g if dist.get_rank() in key else None
 
     def _axis(self, ranks: tuple[int, ...]) -> Axis:

@@ -17,7 +17,6 @@ import math
 from typing import Callable, Mapping
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..errors import UserError
@@ -25,8 +24,9 @@ from ..layout.mesh import Placement
 from ..layout.shardmap import ShardMap, check_shardable, shard_map
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
-from ..model.heads import Batch, HeadOutputs, LossFn, split_micro
+from ..model.heads import Batch, HeadOutputs, LossFn, pad_columns, pad_head, split_micro, trim_columns
 from ..model.moe import set_moe_aux
+from . import comm
 from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
 from .groups import GroupCache, RankGroups
@@ -39,14 +39,17 @@ class ParallelModel:
     """This rank's stage of a CausalLM (or ValueModel with ``value_head``) under ``placement``."""
 
     def __init__(self, cfg: ModelConfig, groups: RankGroups, load: SliceLoader, value_head: bool = False,
-                 optim: AdamWConfig | None = None, timeout_s: float = 300.0) -> None:
+                 optim: AdamWConfig | None = None, timeout_s: float = 300.0,
+                 activation_checkpointing: bool = False) -> None:
         """Build this rank's part; ``groups`` from ``GroupCache.for_placement(placement,
         cfg.num_key_value_heads)`` (which every rank of the world calls). See ``create``."""
         placement = groups.placement
         self.cfg, self.placement, self.value_head = cfg, placement, value_head
         self.sm: ShardMap = shard_map(cfg, placement, value_head)
         self.groups = groups
-        self.stage = Stage(self.sm, self.groups, load)
+        self.stage = Stage(self.sm, self.groups, load, comm.compute_device())
+        if activation_checkpointing:
+            self.stage.checkpoint_activations()
         self.pipe = Pipe(self.groups.pp, timeout_s, self.stage.device)
         self.named: dict[str, nn.Parameter] = dict(self.stage.param_of)
         self.optim_cfg = optim
@@ -95,16 +98,25 @@ class ParallelModel:
                                           self.stage.vocab_start, entropy)
         return HeadOutputs(logprobs=lp, entropy=ent)
 
-    def _forward(self, batch: Batch, micro_batches: int, last_fn: Callable[[torch.Tensor, Batch], torch.Tensor]
-                 ) -> torch.Tensor | None:
-        micro = split_micro(batch, micro_batches)
+    def _on_device(self, batch: Batch) -> Batch:
+        """The call's inputs on this rank's compute device (a no-op when they are there already)."""
+        dev = self.stage.device
+        return {k: v.to(dev, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def _forward(self, batch: Batch, micro_batches: int, last_fn: Callable[[torch.Tensor, Batch], torch.Tensor],
+                 trim: bool = True) -> torch.Tensor | None:
+        """``last_fn(hidden, model inputs)`` on each micro-batch; with ``trim`` the model runs on the
+        micro-batch's real columns only (model/heads.py) and ``last_fn`` pads its result back."""
+        micro = split_micro(self._on_device(batch), micro_batches)
+        cut = [trim_columns(mb) if trim else (mb, 0) for mb in micro]
+        run = [c[0] for c in cut]
 
         def step(i: int, x: torch.Tensor | None) -> torch.Tensor:
-            h = self._run_stage(micro[i], x)
-            return last_fn(h, micro[i]) if self.stage.last else h
+            h = self._run_stage(run[i], x)
+            return last_fn(h, run[i], cut[i][1]) if self.stage.last else h
 
         with torch.no_grad():
-            outs = infer(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
+            outs = infer(self.pipe, len(micro), step, self._hidden_shape(run), self.dtype)
         return torch.cat(outs) if outs else None
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batches: int = 1
@@ -113,7 +125,7 @@ class ParallelModel:
         if self.value_head:
             raise UserError("logits: this is a value model; use values()")
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-        return self._forward(batch, micro_batches, lambda h, mb: self.stage.head(h))
+        return self._forward(batch, micro_batches, lambda h, mb, lo: self.stage.head(h), trim=False)
 
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batches: int = 1,
                  entropy: bool = False) -> torch.Tensor | None:
@@ -121,8 +133,10 @@ class ParallelModel:
         if self.value_head:
             raise UserError("logprobs: this is a value model; use values()")
 
-        def last(h: torch.Tensor, mb: Batch) -> torch.Tensor:
-            out = self._head(h, mb, entropy)
+        width = input_ids.shape[1]
+
+        def last(h: torch.Tensor, mb: Batch, lo: int) -> torch.Tensor:
+            out = pad_head(self._head(h, mb, entropy), lo, width)
             return torch.stack([out.logprobs, out.entropy], 1) if entropy else out.logprobs
 
         out = self._forward({"input_ids": input_ids, "attention_mask": attention_mask}, micro_batches, last)
@@ -134,7 +148,9 @@ class ParallelModel:
         if not self.value_head:
             raise UserError("values: this is a language model; use logprobs()")
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-        return self._forward(batch, micro_batches, lambda h, mb: self.stage.head(h).squeeze(-1))
+        width = input_ids.shape[1]
+        return self._forward(batch, micro_batches,
+                             lambda h, mb, lo: pad_columns(self.stage.head(h).squeeze(-1), lo, width))
 
     # ---- training -------------------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossFn, micro_batches: int = 1,
@@ -142,22 +158,28 @@ class ParallelModel:
         """Accumulate the mini-batch gradient into every local parameter's ``.grad`` (complete and
         identical on the holders of a slice, after the tied/kv/dp reductions). ``loss_fn`` must
         normalise by the whole mini-batch (see data.py). Returns the mini-batch loss on every rank."""
-        micro = split_micro(batch, micro_batches)
+        micro = split_micro(self._on_device(batch), micro_batches)
+        cut = [trim_columns(mb) for mb in micro]  # the model runs on each micro-batch's real columns
+        width = batch["input_ids"].shape[1]
 
         def step(i: int, x: torch.Tensor | None) -> torch.Tensor:
-            h = self._run_stage(micro[i], x)
-            return loss_fn(self._head(h, micro[i], entropy), micro[i]) if self.stage.last else h
+            run, lo = cut[i]
+            h = self._run_stage(run, x)
+            return loss_fn(pad_head(self._head(h, run, entropy), lo, width), micro[i]) if self.stage.last else h
 
         set_moe_aux(self.stage, moe_aux)  # the router balance loss, injected at each MoE layer
         try:
-            losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape(micro), self.dtype)
+            losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape([c[0] for c in cut]), self.dtype)
         finally:
             set_moe_aux(self.stage, 0.0)
         sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes, self._tp_names)
-        loss = torch.stack(losses).sum().double() if losses else torch.zeros((), dtype=torch.float64)
+        # the loss is a float64 statistic: summed and broadcast on the control plane
+        loss = float(torch.stack(losses).double().sum().item()) if losses else 0.0
         if self.groups.dp.group is not None:
-            dist.all_reduce(loss, group=self.groups.dp.group)
-        return float(self.pipe.broadcast_from_last(loss).item())
+            loss = comm.reduce_floats([loss], self.groups.dp.group)[0]
+        if self.groups.pp.group is not None:
+            loss = comm.broadcast_floats([loss], self.groups.pp.ranks[-1], self.groups.pp.group)[0]
+        return loss
 
     def optimizer_step(self) -> float:
         """Clip the whole model's gradient norm, update with ZeRO-1 AdamW, clear the gradients.
@@ -231,11 +253,11 @@ def gather_full_state(sm: ShardMap, groups: RankGroups, local: Mapping[str, torc
                 full[idx] = local[name]
             elif me == dst:
                 buf = torch.empty(tuple(b - a for a, b in sl), dtype=full.dtype, device=full.device)
-                dist.irecv(buf, src=r, group=groups.mp.group).wait(timeout)
+                comm.irecv(buf, r, groups.mp.group).wait(timeout)
                 full[idx] = buf
             elif r == me:
                 t = local[name].contiguous()
-                pending.append((dist.isend(t, dst=dst, group=groups.mp.group), t))
+                pending.append((comm.isend(t, dst, groups.mp.group), t))
         if full is not None:
             out[name] = full
     for work, _ in pending:

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from . import comm
 from .groups import Axis
 
 _FWD, _BWD = 0, 1  # message tags: activations travel down, gradients travel up
@@ -41,11 +42,11 @@ class Pipe:
 
     def _send(self, t: torch.Tensor, dst: int, tag: int) -> None:
         t = t.detach().contiguous()
-        self._pending.append((dist.isend(t, dst=dst, group=self.axis.group, tag=tag), t))
+        self._pending.append((comm.isend(t, dst, self.axis.group, tag), t))
 
     def _recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, tag: int) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
-        dist.irecv(buf, src=src, group=self.axis.group, tag=tag).wait(self.timeout)
+        comm.irecv(buf, src, self.axis.group, tag).wait(self.timeout)
         return buf
 
     def send_forward(self, t: torch.Tensor) -> None:
@@ -68,7 +69,7 @@ class Pipe:
     def broadcast_from_last(self, t: torch.Tensor) -> torch.Tensor:
         """Every stage gets the last stage's ``t`` (same shape and dtype on all stages)."""
         if self.axis.group is not None:
-            dist.broadcast(t, src=self.axis.ranks[-1], group=self.axis.group)
+            comm.broadcast(t, self.axis.ranks[-1], self.axis.group)
         return t
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from ..model.moe import ExpertList
@@ -41,7 +42,8 @@ class Stage(nn.Module):
     ``model`` is a Backbone whose ``embed_tokens``/``norm`` are None where this stage lacks them;
     ``head`` is ``lm_head`` (vocabulary-parallel) or ``score`` (replicated), or None."""
 
-    def __init__(self, sm: ShardMap, groups: RankGroups, load: SliceLoader) -> None:
+    def __init__(self, sm: ShardMap, groups: RankGroups, load: SliceLoader,
+                 device: torch.device | str = "cpu") -> None:
         super().__init__()
         cfg, lay = sm.cfg, sm.placement.layout
         _, tp_i, pp_i = groups.coords
@@ -61,7 +63,7 @@ class Stage(nn.Module):
             self.model.norm = None
         self.param_of: dict[str, nn.Parameter] = {}
         for name, sl in sm.params_of(groups.rank).items():
-            self._place(name, load(name, sl))
+            self._place(name, load(name, sl).to(device))  # only this rank's slice, straight to its device
         missing = [n for n, p in self.named_parameters() if p.is_meta]
         if missing:  # a ShardMap / module mismatch: fail loudly rather than compute on meta tensors
             raise RuntimeError(f"rank {groups.rank}: parameters {missing} were not given a shard")
@@ -104,6 +106,18 @@ class Stage(nn.Module):
         param = nn.Parameter(tensor)
         setattr(owner, attr, param)
         self.param_of[name] = param
+
+    def checkpoint_activations(self) -> None:
+        """``train.activation_checkpointing``: each layer keeps only its input for the backward and
+        recomputes the rest there (one more forward per layer, activations of one layer alive
+        instead of all). Only with gradients on and no KV cache: inference and generation run as
+        before. A recomputed layer repeats its tp all-reduces, in the same order on every tp rank."""
+        for layer in self.model.layers:
+            def run(*args, _fwd=layer.forward):
+                if torch.is_grad_enabled() and args[4] is None:  # (h, cos, sin, mask, cache, ...)
+                    return torch.utils.checkpoint.checkpoint(_fwd, *args, use_reentrant=False)
+                return _fwd(*args)
+            layer.forward = run
 
     @property
     def dtype(self) -> torch.dtype:

@@ -23,12 +23,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import comm
 from .groups import Axis
 
 
 def _all_reduce(x: torch.Tensor, axis: Axis, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
     if axis.group is not None:
-        dist.all_reduce(x, op=op, group=axis.group)
+        comm.all_reduce(x, axis.group, op)
     return x
 
 
@@ -93,7 +94,7 @@ def gather_vocab(local: torch.Tensor, axis: Axis) -> torch.Tensor:
     if axis.group is None:
         return local
     parts = [torch.empty_like(local) for _ in range(axis.size)]
-    dist.all_gather(parts, local.contiguous(), group=axis.group)
+    comm.all_gather(parts, local.contiguous(), axis.group)
     return torch.cat(parts, dim=-1)
 
 

@@ -30,6 +30,7 @@ from .hardware import Hardware
 from .model_costs import ModelCosts, model_costs
 
 ADAM_STATE_BYTES = 12  # fp32 master weights + m + v per parameter (ZeRO paper, K = 12)
+ADAM_MOMENT_BYTES = 8  # fp32 m + v: with fp32 weights the runtime keeps no separate master copy
 ADAM_STEP_BYTES = 28  # read master, m, v (12) + bf16 grad (2); write master, m, v (12) + bf16 param (2)
 LOGIT_BYTES = 4  # logits are kept in fp32 for the softmax / log-probs
 DP_BUCKET_BYTES = 25 << 20  # the runtime's gradient all-reduce and ZeRO-1 all-gather bucket (parallel/data.py)
@@ -198,10 +199,11 @@ def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, p
         if prefill:
             fixed = fits.fixed_decode  # one head row per sequence, as a decoding step
         head_scale = c.mc.head_params / fits.head_params
-        compute = (c.stage_layers * _measured(fit, b * new, c.mc.layer_params / fits.layer_params, c.lay.tp)
+        compute = (c.stage_layers * _measured(fit, b * new, c.mc.layer_active_params / fits.layer_params, c.lay.tp)
                    + _measured(fixed, b if prefill else b * new, head_scale, c.lay.tp))
     else:
-        layer_flops = 2.0 * c.mc.cfg.num_hidden_layers * c.mc.layer_params * b * new + b * c.mc.attn_flops(new, ctx)
+        layer_flops = (2.0 * c.mc.cfg.num_hidden_layers * c.mc.layer_active_params * b * new
+                       + b * c.mc.attn_flops(new, ctx))
         flops = layer_flops * c.frac + 2.0 * c.mc.head_params * head_rows
         # A pass reads the stage's weights at least once (three times with backward): with few
         # tokens it is bandwidth-bound, as a decoding step is; every pass pays the step overhead.
@@ -221,7 +223,7 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
     """One decoding step of ``b`` sequences at context ``ctx`` on one stage of the largest size:
     its layers, and with ``head`` the output head and the token pick (the last stage)."""
     mc = c.mc
-    flops = b * (2.0 * mc.layer_params * c.stage_layers + mc.attn_flops(1, ctx) * c.frac
+    flops = b * (2.0 * mc.layer_active_params * c.stage_layers + mc.attn_flops(1, ctx) * c.frac
                  + (2.0 * mc.head_params if head else 0.0)) / c.lay.tp
     kv = b * ctx * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     head_bytes = mc.head_params / c.lay.tp * c.hw.dtype_bytes
@@ -231,7 +233,7 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
     fits = c.hw.layer_fits(mc.cfg.hidden_size)
     if fits is not None:  # measured decoding steps already include their memory traffic
         mem = 0.0
-        compute = c.stage_layers * _measured(fits.decode, b, mc.layer_params / fits.layer_params, c.lay.tp)
+        compute = c.stage_layers * _measured(fits.decode, b, mc.layer_active_params / fits.layer_params, c.lay.tp)
         if head:
             compute += _measured(fits.fixed_decode, b, mc.head_params / fits.head_params, c.lay.tp)
     act = b * mc.cfg.hidden_size * c.hw.dtype_bytes
@@ -366,11 +368,22 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     acc["optimizer"] = opt * steps
     seqs = spec.sequences(shape)
     flops = 3 * shape.epochs * seqs * (s * c.mc.matmul_flops_per_token() + c.mc.attn_flops(s, s))
-    state = ADAM_STATE_BYTES * (grad_bytes / c.hw.dtype_bytes) / c.lay.dp
+    # ZeRO-1 as the runtime keeps it (parallel/data.py ZeroAdamW): fp32 m and v for 1/dp of each
+    # parameter, plus an fp32 master copy of that 1/dp when the weights are not fp32 (bf16)
+    n_local = grad_bytes / c.hw.dtype_bytes
+    state = (ADAM_STATE_BYTES if c.hw.dtype_bytes != 4 else ADAM_MOMENT_BYTES) * n_local / c.lay.dp
     in_flight = min(m, c.lay.pp)
     act = in_flight * b * s * c.stage_layers * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
     logits = 2 * b * s * c.mc.out_width / c.lay.tp * LOGIT_BYTES  # logits and their gradient
-    return Estimate((t_mb + dp + opt) * steps, flops, c.stage_param_bytes, state, grad_bytes + act + logits, acc,
+    # Besides the gradients, the largest of three needs that never overlap in the runtime: the
+    # backward's activations and logits; the flat bucket all_reduce_grads concatenates (dp > 1);
+    # the optimizer step's buffers: fp32 copies of the gradient chunks (bf16 weights), then ZeRO-1's
+    # all-gather bucket (this rank's chunks and every rank's, dp + 1 chunks).
+    sync = min(grad_bytes, DP_BUCKET_BYTES) if c.lay.dp > 1 else 0.0
+    fp32_grads = 4 * n_local / c.lay.dp if c.hw.dtype_bytes != 4 else 0.0
+    gather = (1 + c.lay.dp) * min(grad_bytes / c.lay.dp, DP_BUCKET_BYTES) if c.lay.dp > 1 else 0.0
+    transient = grad_bytes + max(act + logits, sync, fp32_grads, gather)
+    return Estimate((t_mb + dp + opt) * steps, flops, c.stage_param_bytes, state, transient, acc,
                     active=_busy_share(c, m))
 
 

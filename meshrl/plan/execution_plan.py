@@ -57,16 +57,35 @@ class CallPlan:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CallPlan":
-        try:
-            return cls(Mesh.parse(str(d["mesh"])), Layout.parse(str(d["layout"])), int(d.get("micro_batches", 1)))
-        except KeyError as e:
-            raise UserError(f"call plan {d} lacks key {e.args[0]!r}") from None
+        """{"mesh": "0-3" | "0,2" | [0, 1, 2, 3], "layout": "dp2tp2pp1", "micro_batches": 1}."""
+        if not isinstance(d, dict):
+            raise UserError(f"expected an object with mesh, layout and micro_batches, got {d!r}")
+        missing = [k for k in ("mesh", "layout") if k not in d]
+        if missing:
+            raise UserError(f"lacks the key {missing[0]!r}")
+        unknown = sorted(set(d) - {"mesh", "layout", "micro_batches"})
+        if unknown:
+            raise UserError(f"unknown key {unknown[0]!r} (keys: mesh, layout, micro_batches)")
+        mb = d.get("micro_batches", 1)
+        if isinstance(mb, bool) or not isinstance(mb, int):
+            raise UserError(f"micro_batches must be a whole number >= 1, got {mb!r}")
+        if not isinstance(d["layout"], str):
+            raise UserError(f"layout must be a string such as 'dp2tp1pp1', got {d['layout']!r}")
+        return cls(_mesh(d["mesh"]), Layout.parse(d["layout"]), mb)
+
+
+def _mesh(v: object) -> Mesh:
+    """A mesh written as a string ('0-3', '0,2,4') or as a JSON list of ranks ([0, 1, 2])."""
+    if isinstance(v, str):
+        return Mesh.parse(v)
+    if isinstance(v, list) and v and all(isinstance(r, int) and not isinstance(r, bool) for r in v):
+        return Mesh(tuple(v))
+    raise UserError(f"mesh must be ranks like \"0-3\", \"0,2\" or a list of ranks [0, 1, 2], got {v!r}")
 
 
 @dataclass
 class ExecutionPlan:
     """{call name -> CallPlan} for a cluster. ``strategy`` records where the plan came from;
-    ``async_gen`` is the disaggregated strategy's one-step off-policy overlap (0 or 1).
     ``keep_copies``: keep a role's copies in other calls' layouts between uses (memory for speed);
     by default a copy is dropped after its call and rebuilt by reallocation before the next one
     (a shadow actor generating on devices of its own is always kept).
@@ -76,7 +95,6 @@ class ExecutionPlan:
     cluster: Cluster
     calls: dict[str, CallPlan]
     strategy: str = "custom"
-    async_gen: int = 0
     notes: dict = field(default_factory=dict)
     keep_copies: bool = False
     offload_frozen: bool = False
@@ -110,7 +128,6 @@ class ExecutionPlan:
             "cluster": {"nodes": self.cluster.nodes, "devices_per_node": self.cluster.devices_per_node,
                         "device": self.cluster.device},
             "strategy": self.strategy,
-            "async": self.async_gen,
             "keep_copies": self.keep_copies,
             "offload_frozen": self.offload_frozen,
             "calls": {n: cp.to_dict() for n, cp in self.calls.items()},
@@ -125,12 +142,23 @@ class ExecutionPlan:
             cluster = Cluster(**d["cluster"])
         except TypeError as e:
             raise UserError(f"plan cluster {d['cluster']}: {e}") from None
-        calls = {n: CallPlan.from_dict(c) for n, c in d["calls"].items()}
+        if "async" in d:
+            raise UserError("'async' is no longer a plan key: generating one step off-policy changes the "
+                            "results, so it is the algorithm's choice now; remove it from the plan and set "
+                            "train.off_policy=1 in the config instead")
+        if not isinstance(d["calls"], dict) or not d["calls"]:
+            raise UserError(f"'calls' must be an object of call name -> call plan, got {d['calls']!r}")
+        calls = {}
+        for n, c in d["calls"].items():
+            try:
+                calls[n] = CallPlan.from_dict(c)
+            except UserError as e:
+                raise UserError(f"call {n}: {e}") from None
         flags = {k: d.get(k, False) for k in ("keep_copies", "offload_frozen")}
         for k, v in flags.items():
             if not isinstance(v, bool):
                 raise UserError(f"plan key {k!r} must be true or false, got {v!r}")
-        return cls(cluster, calls, d.get("strategy", "custom"), int(d.get("async", 0)), d.get("notes", {}),
+        return cls(cluster, calls, d.get("strategy", "custom"), d.get("notes", {}),
                    **flags)
 
     def to_json(self) -> str:
@@ -149,3 +177,5 @@ class ExecutionPlan:
             return cls.from_json(p.read_text())
         except json.JSONDecodeError as e:
             raise UserError(f"plan file {path} is not valid JSON: {e}") from None
+        except UserError as e:
+            raise UserError(f"plan file {path}: {e}") from None

@@ -14,7 +14,7 @@ import bisect
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UserError
@@ -307,6 +307,18 @@ def _contention(data: dict) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def gpu_from_profile(hw: Hardware, data: dict, source: str = "profile") -> Hardware:
+    """A GPU preset with the figures ``meshrl profile --gpu`` measured (runtime/profile_gpu.py): the
+    largest-width bf16 matmul FLOP/s as the peak with mfu 1 (what a layer's matmul achieves), the
+    measured copy bandwidth with hbm_eff 1; everything else stays the preset's."""
+    try:
+        flops = max(float(f) for f in data["matmul_bf16"].values())
+        return replace(hw, peak_flops=flops, mfu=1.0, mfu_width=0.0, hbm_bw=float(data["hbm_bw"]), hbm_eff=1.0,
+                       sources={**hw.sources, "peak_flops": f"measured ({source})", "hbm_bw": f"measured ({source})"})
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"GPU profile {source} is malformed ({e!r}); run `meshrl profile --gpu` again") from None
+
+
 def load_profile(path: str | Path | None = None, devices_per_node: int = 1) -> Hardware:
     p = profile_path(str(path) if path else None)
     if not p.is_file():
@@ -351,6 +363,10 @@ def get_hardware(device: str, devices_per_node: int, profile: str | None = None)
     if device not in PRESETS:
         raise UserError(f"unknown device {device!r}; known devices: {', '.join(PRESETS)}, cpu (measured)")
     hw = PRESETS[device]
+    if profile and Path(profile).is_file():  # a GPU profile (meshrl profile --gpu) of this device
+        data = json.loads(Path(profile).read_text())
+        if data.get("device") == device and "matmul_bf16" in data:
+            hw = gpu_from_profile(hw, data, str(profile))
     if devices_per_node > hw.devices_per_node:
         raise UserError(f"cluster.devices_per_node={devices_per_node}, but a {device} node has at most "
                         f"{hw.devices_per_node} devices")

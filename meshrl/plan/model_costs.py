@@ -2,6 +2,11 @@
 
 Derived from ``param_shapes`` (the same HF names the checkpoint and ShardMap use), so a preset's
 costs follow its real shapes (GQA, tied embeddings, value heads) rather than a ``12 h^2`` rule.
+
+Mixture of experts: memory holds every expert (``layer_params``), a token computes with its top-k
+(``layer_active_params``); both are averages over the layers, since Qwen3-MoE may mix dense and
+sparse layers. Experts are sharded over tp (docs/parallel.md), so the MoE block's communication is
+the tp all-reduce a dense MLP has (no all-to-all): the estimator's tp term covers it unchanged.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..model.config import ModelConfig, param_shapes
+from ..model.config import ModelConfig, active_params, num_params, param_shapes
 
 BF16 = 2  # bytes per parameter / activation element in mixed precision
 
@@ -18,11 +23,16 @@ BF16 = 2  # bytes per parameter / activation element in mixed precision
 class ModelCosts:
     cfg: ModelConfig
     value_head: bool
-    layer_params: int  # one decoder layer
+    layer_params: int  # one decoder layer (the mean over layers; every expert counted)
     embed_params: int
     head_params: int  # lm_head (or the tied embedding's copy on the last stage) or the value head
     final_norm: int
     layer_tensors: int = 9  # parameter tensors of one decoder layer
+    layer_active_params: int = 0  # what one token computes with in a layer (top-k experts); 0: = layer_params
+
+    def __post_init__(self) -> None:
+        if not self.layer_active_params:
+            object.__setattr__(self, "layer_active_params", self.layer_params)
 
     def stage_tensors(self, pp: int) -> int:
         """Parameter tensors on the largest pipeline stage: its layers', plus embedding, norm, head."""
@@ -59,7 +69,7 @@ class ModelCosts:
     def matmul_flops_per_token(self) -> float:
         """Forward FLOPs per token outside attention scores: 2 x every matmul weight (embedding
         lookups are gathers, not matmuls)."""
-        return 2.0 * (self.cfg.num_hidden_layers * self.layer_params + self.head_params)
+        return 2.0 * (self.cfg.num_hidden_layers * self.layer_active_params + self.head_params)
 
     def attn_flops(self, new_tokens: int, context: int) -> float:
         """Forward FLOPs of QK^T and AV for ``new_tokens`` tokens attending (causally) to a
@@ -97,11 +107,13 @@ def model_costs(cfg: ModelConfig, value_head: bool = False) -> ModelCosts:
             n *= s
         return n
 
-    layer = sum(size(s) for k, s in shapes.items() if k.startswith("model.layers.0."))
+    layers = cfg.num_hidden_layers
+    layer = sum(size(s) for k, s in shapes.items() if k.startswith("model.layers.")) // layers
+    active = layer - (num_params(cfg, value_head) - active_params(cfg, value_head)) // layers
     embed = size(shapes["model.embed_tokens.weight"])
     if value_head:
         head = size(shapes["score.weight"])
     else:
         head = cfg.vocab_size * cfg.hidden_size
-    tensors = sum(1 for k in shapes if k.startswith("model.layers.0."))
-    return ModelCosts(cfg, value_head, layer, embed, head, size(shapes["model.norm.weight"]), tensors)
+    tensors = -(-sum(1 for k in shapes if k.startswith("model.layers.")) // layers)
+    return ModelCosts(cfg, value_head, layer, embed, head, size(shapes["model.norm.weight"]), tensors, active)

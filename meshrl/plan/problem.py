@@ -7,6 +7,8 @@ cross nodes), reallocation times keyed by the two placements up to a whole-node 
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +25,7 @@ from .hardware import Hardware
 
 VALUE_HEAD_ROLES = ("critic", "reward")
 TOKEN_BYTES = 4  # int32 token ids and fp32 per-token values between calls
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # train.dtype -> bytes per weight / activation element
 SEQ_LEVEL_KEYS = ("scores",)  # one fp32 per sequence; every other key is one value per token
 
 
@@ -33,8 +36,11 @@ class Problem:
     shape: RunShape
     hw: Hardware
     cluster: Cluster
-    async_gen: int = 0
+    off_policy: int = 0  # the config's train.off_policy: generation one iteration ahead
     optimistic: bool = False  # unknown reallocation times read as 0 (see realloc_time)
+    # roles that hold no weights at run time (a rule reward: no models.reward.path): their calls are
+    # still timed as a model's (see docs/planner.md), but they take no memory
+    weightless: tuple[str, ...] = ()
     # Measured over predicted seconds per call, refitted from a run (meshrl plan --calibrate,
     # plan/calibrate.py): every candidate of the call is priced at its estimate times this.
     call_scale: dict[str, float] = field(default_factory=dict)
@@ -141,12 +147,14 @@ class Problem:
         resident = [0.0] * n
         transient = [0.0] * n
         homes = {role: self.home(plan, role) for role in self.graph.roles()}
-        for h in homes.values():
-            if h in plan.calls:
+        for role, h in homes.items():
+            if h in plan.calls and role not in self.weightless:
                 est = self.call_estimate(h, plan.calls[h])
                 for r in plan.calls[h].mesh.ranks:
                     resident[r] += est.weights_bytes + est.state_bytes
         for name, cp in plan.calls.items():
+            if self.specs[name].role in self.weightless:
+                continue
             est = self.call_estimate(name, cp)
             extra = est.transient_bytes
             home = plan.calls.get(homes[self.specs[name].role])
@@ -155,6 +163,28 @@ class Problem:
             for r in cp.mesh.ranks:
                 transient[r] = max(transient[r], extra)
         return [a + b for a, b in zip(resident, transient, strict=True)]
+
+    def call_memory(self, plan: ExecutionPlan) -> dict[str, tuple[float, int]]:
+        """Per call: (peak bytes, rank) on its busiest rank while it runs: the resident weights and
+        optimizer state of every role whose home is on that rank, plus the call's own transient need
+        (and its temporary copy). What ``--validate`` compares with the measured peak."""
+        homes = {role: self.home(plan, role) for role in self.graph.roles()}
+        resident = [0.0] * self.cluster.size
+        for role, h in homes.items():
+            if h in plan.calls and role not in self.weightless:
+                est = self.call_estimate(h, plan.calls[h])
+                for r in plan.calls[h].mesh.ranks:
+                    resident[r] += est.weights_bytes + est.state_bytes
+        out = {}
+        for name, cp in plan.calls.items():
+            est = self.call_estimate(name, cp)
+            extra = 0.0 if self.specs[name].role in self.weightless else est.transient_bytes
+            home = plan.calls.get(homes[self.specs[name].role])
+            if home is not None and name != homes[self.specs[name].role] and cp.placement != home.placement:
+                extra += est.weights_bytes
+            r = max(cp.mesh.ranks, key=lambda x: resident[x])
+            out[name] = (resident[r] + extra, r)
+        return out
 
     def feasible(self, plan: ExecutionPlan) -> bool:
         return max(self.device_memory(plan)) <= self.hw.mem_bytes
@@ -180,10 +210,9 @@ def model_for(spec, role: str) -> ModelConfig:
     return get_preset(spec.preset)
 
 
-def problem_from_config(cfg, profile: str | None = None, async_gen: int | None = None) -> Problem:
-    """The planning problem of a run config (meshrl.config.Config). ``async_gen``: 1 lets generation
-    run one iteration ahead (one step off-policy); default: the config's ``plan.async_gen`` if it
-    has one, else 0."""
+def problem_from_config(cfg, profile: str | None = None, off_policy: int | None = None) -> Problem:
+    """The planning problem of a run config (meshrl.config.Config). ``off_policy``: 1 lets generation
+    run one iteration ahead (one step off-policy); default: the config's ``train.off_policy``."""
     from ..algo.graph import graph_for
     from .hardware import get_hardware
 
@@ -191,8 +220,12 @@ def problem_from_config(cfg, profile: str | None = None, async_gen: int | None =
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}
     cluster = Cluster(cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device)
     hw = get_hardware(cfg.cluster.device, cfg.cluster.devices_per_node, profile)
-    if async_gen is None:
-        async_gen = int(getattr(getattr(cfg, "plan", None), "async_gen", 0))
-    if async_gen not in (0, 1):
-        raise UserError(f"async must be 0 or 1, got {async_gen}")
-    return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, async_gen)
+    dtype = getattr(getattr(cfg, "train", None), "dtype", "auto")
+    if dtype in DTYPE_BYTES:  # train.dtype set: weights, gradients and activations in it (auto: the device's)
+        hw = dataclasses.replace(hw, dtype_bytes=DTYPE_BYTES[dtype])
+    off_policy = cfg.train.off_policy if off_policy is None else off_policy
+    if off_policy not in (0, 1):
+        raise UserError(f"train.off_policy must be 0 or 1, got {off_policy}")
+    rule = cfg.algo != "rm" and "reward" in models and getattr(cfg.models.reward, "path", None) is None
+    return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, off_policy,
+                   weightless=("reward",) if rule else ())

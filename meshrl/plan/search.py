@@ -220,8 +220,8 @@ def search(problem: Problem, steps: int = DEFAULT_STEPS, seed: int = 0, time_lim
                 seeds.append(build(problem))
             except UserError:
                 continue
-    fastest = ExecutionPlan(problem.cluster, {n: c[0] for n, c in cands.items()}, "search", problem.async_gen)
-    starts = [replace(p, strategy="search", async_gen=problem.async_gen) for p in seeds] + [fastest]
+    fastest = ExecutionPlan(problem.cluster, {n: c[0] for n, c in cands.items()}, "search")
+    starts = [replace(p, strategy="search") for p in seeds] + [fastest]
     chains: list[tuple[ExecutionPlan, float]] = []
     for p in starts:
         chains.append((p, score(problem, p)))
@@ -256,7 +256,7 @@ def _enumerate(problem: Problem, cands: dict[str, list[CallPlan]], budget: Budge
     names = list(cands)
     best, best_cost = None, INFEASIBLE
     for combo in itertools.product(*(cands[n] for n in names)):
-        plan = ExecutionPlan(problem.cluster, dict(zip(names, combo, strict=True)), "search", problem.async_gen)
+        plan = ExecutionPlan(problem.cluster, dict(zip(names, combo, strict=True)), "search")
         cost = score(problem, plan, best_cost)
         budget.spend()
         if best is None or cost < best_cost:
@@ -291,7 +291,7 @@ def exhaustive(problem: Problem, time_limit_s: float = 600.0, upper: ExecutionPl
         # Each device runs its calls one at a time in every iteration: the busiest bounds the mean.
         if max(load) >= best[1] or (sum(load) + rest_area[i]) / n_dev >= best[1]:
             return
-        plan = ExecutionPlan(problem.cluster, calls, "exhaustive", problem.async_gen)
+        plan = ExecutionPlan(problem.cluster, calls, "exhaustive")
         if calls and max(problem.device_memory(plan)) > problem.hw.mem_bytes:
             return
         evals[0] += 1

@@ -1,21 +1,22 @@
 """The iteration timeline of a plan: list scheduling of calls, reallocations and data transfers.
 
 The runtime is SPMD: every rank walks one global order of steps and runs the steps whose meshes
-include it. The simulator follows the same rule, so what it predicts is what the runtime does:
-a step starts when its dependencies are done and every one of its devices has finished the steps
-before it in the global order (each device runs one step at a time).
+include it. The simulator prices that very list (meshrl/plan/steps.py ``steps``), so what it
+predicts is what the runtime does: a step starts when its dependencies are done and every one of
+its devices has finished the steps before it in the global order (each device runs one step at a
+time).
 
-Steps per iteration t, in graph order:
+Steps per iteration t, in graph order (the rules are steps.py's):
 - ``realloc``: before a call whose role's weights live elsewhere (a trained role lives in its train
   call's layout; a frozen role in its first call's). It reads the weights written by the role's
-  train call of iteration t-1, or t-2 for generation under ``async_gen=1`` (one step off-policy).
+  train call of iteration t-1, or t-2 for generation under ``train.off_policy=1`` (one step off-policy).
   The disaggregated strategy's shadow-actor refresh is exactly this step.
 - ``transfer``: a producer's outputs moving to a consumer on another mesh or DP split.
 - ``call``: after its parents (and their transfers) and its realloc.
 - ``end``: the end of the iteration, on every device, taking no time: the runtime's ranks hand their
   statistics to rank 0 there (``gather_object``, whose size exchange is an all-gather), so no rank
   starts iteration t+1's steps before every rank has finished iteration t's.
-With ``async_gen=1``, the generation steps of iteration t+1 come before the rest of iteration t in
+With ``train.off_policy=1``, the generation steps of iteration t+1 come before the rest of iteration t in
 the global order, so generation overlaps training.
 
 Shared cores (CPU profiles only): ranks of one node that compute at once share its cores. Then a
@@ -35,6 +36,7 @@ from typing import Callable
 
 from .execution_plan import ExecutionPlan
 from .problem import Problem
+from .steps import steps
 
 ITERATIONS = 5  # iterations simulated to score a plan (ReaL scores plans over 5 as well)
 
@@ -111,94 +113,65 @@ def _label(e: Event) -> str:
 
 def build_events(problem: Problem, plan: ExecutionPlan, iterations: int = ITERATIONS,
                  free: dict[str, float] | None = None) -> list[Event]:
-    """The global order of steps for ``iterations`` iterations, with durations and dependencies.
+    """The runtime's global order of steps (meshrl/plan/steps.py ``steps``) for ``iterations``
+    iterations, priced: each step gets its duration and the earlier events it waits for.
 
     ``free`` (for lower bounds on partial plans): calls not in the plan, given as a duration; each
-    becomes a step on no device, and the realloc and transfer steps that touch it are left out.
+    is a step on no device, and the realloc and transfer steps that touch it are left out.
     Every step time of a list schedule only grows with durations and devices, so this bounds the
-    time of every completion of the partial plan from below."""
+    time of every completion of the partial plan from below. Steps priced at zero (a transfer or a
+    reallocation that moves nothing the estimator counts) are left out: their consumer waits for
+    the producer directly."""
     free = free or {}
     graph = problem.graph
     events: list[Event] = []
     done: dict[tuple[str, int], int] = {}  # (call name, iteration) -> event index
-    homes = {role: problem.home(plan, role) for role in graph.roles()}
-    async_gen = plan.async_gen
+    moved: dict[tuple[str, str, int], int] = {}  # (producer, consumer, iteration) -> transfer event
+    realloc: dict[tuple[str, int], int] = {}  # (call, iteration) -> its reallocation event
 
     def emit(ev: Event) -> int:
         events.append(ev)
         return len(events) - 1
 
-    moved: dict[tuple[str, str, int], int] = {}  # transfers emitted ahead of their consumer
-    have: dict[tuple[str, int], set[int]] = {}  # devices that received a call's outputs (runtime/schedule.py)
-    gen_calls = [c for c in graph.calls if c.kind == "generate" and not graph.parents(c.name)]
-    rest = [c for c in graph.calls if c not in gen_calls]
-
-    def emit_transfer(p: str, c, t: int) -> int:
-        """The step that moves p's outputs to the devices of c that lack them (or p itself when
-        nothing moves, or the move is free); its index. As the runtime: the dp holders send, and
-        devices that received the outputs for an earlier consumer receive nothing again."""
-        pcp, cp = plan.calls.get(p), plan.calls.get(c.name)
-        if pcp is None or cp is None:
-            return done[(p, t)]
-        got = have.setdefault((p, t), set())
-        receivers = set(cp.mesh.ranks) - got
-        got |= receivers
-        dur = problem.transfer_time(p, c.name, pcp, cp) if receivers else 0.0
-        if dur <= 0:
-            return done[(p, t)]
-        devs = tuple(sorted(set(pcp.placement.holders()) | receivers))
-        return emit(Event(f"transfer {p}->{c.name}", "transfer", t, devs, dur, (done[(p, t)],)))
-
-    def hand_on(p: str, t: int) -> None:
-        """p's outputs to every consumer at once (runtime/schedule.py ``_hand_on``)."""
-        for k in graph.calls:
-            if p in graph.parents(k.name) and k.name not in free:
-                moved[(p, k.name, t)] = emit_transfer(p, k, t)
-
-    def emit_call(c, t: int) -> None:
-        if c.name in free:
-            deps = [done[(p, t)] for p in graph.parents(c.name)]
-            done[(c.name, t)] = emit(Event(c.name, "call", t, (), free[c.name], tuple(deps)))
-            return
-        cp = plan.calls[c.name]
-        deps: list[int] = []
-        lag = 1 + (async_gen if c.kind == "generate" else 0)
+    def weight_deps(c, t: int) -> list[int]:
+        """The update whose weights call c of iteration t reads: the role's train call of t-1, or of
+        t-2 for generation one step off-policy; a train call waits for its own previous step."""
+        deps = []
+        lag = 1 + (problem.off_policy if c.kind == "generate" else 0)
         writer = problem.train_call.get(c.role)
-        if writer is not None and (writer, t - lag) in done and writer != c.name:
+        if writer is not None and writer != c.name and (writer, t - lag) in done:
             deps.append(done[(writer, t - lag)])
         if writer == c.name and (c.name, t - 1) in done:
             deps.append(done[(c.name, t - 1)])
-        home = plan.calls.get(homes[c.role])
-        if home is not None and homes[c.role] != c.name and home.placement != cp.placement:
-            dur = problem.realloc_time(c.role, home.placement, cp.placement)
-            if dur > 0:
-                devs = tuple(sorted(set(home.mesh.ranks) | set(cp.mesh.ranks)))
-                deps = [emit(Event(f"realloc {c.role}->{c.name}", "realloc", t, devs, dur, tuple(deps)))]
-        for p in graph.parents(c.name):
-            ahead = moved.pop((p, c.name, t), None)
-            deps.append(ahead if ahead is not None else emit_transfer(p, c, t))
-        est = problem.call_estimate(c.name, cp)
-        done[(c.name, t)] = emit(Event(c.name, "call", t, cp.mesh.ranks, est.time_s, tuple(deps), active=est.active))
-        if not (async_gen and c in gen_calls):  # hand outputs on at once, while consumers may be idle
-            hand_on(c.name, t)
+        return deps
 
-    if async_gen:
-        for c in gen_calls:
-            emit_call(c, 0)
-    for t in range(iterations):
-        if async_gen:
-            # Hand off this iteration's samples before generating the next ones on the same devices.
-            for g in gen_calls:
-                hand_on(g.name, t)
-            if t + 1 < iterations:
-                for c in gen_calls:
-                    emit_call(c, t + 1)
+    for st in steps(graph, plan, 0, iterations, problem.off_policy):
+        t = st.iteration
+        if st.kind == "end":
+            emit(Event(st.name, "end", t, st.ranks, 0.0))
+        elif st.kind == "realloc":
+            c = graph.call(st.call)
+            home = plan.calls[problem.home(plan, c.role)]
+            dur = problem.realloc_time(c.role, home.placement, plan.calls[c.name].placement)
+            if dur > 0:
+                realloc[(c.name, t)] = emit(Event(st.name, "realloc", t, st.ranks, dur, tuple(weight_deps(c, t))))
+        elif st.kind == "transfer":
+            p, c = st.src_call, st.call
+            dur = problem.transfer_time(p, c, plan.calls[p], plan.calls[c])
+            if dur > 0:
+                moved[(p, c, t)] = emit(Event(st.name, "transfer", t, st.ranks, dur, (done[(p, t)],)))
         else:
-            for c in gen_calls:
-                emit_call(c, t)
-        for c in rest:
-            emit_call(c, t)
-        emit(Event("end of iteration", "end", t, tuple(range(problem.cluster.size)), 0.0))
+            c = graph.call(st.call)
+            parents = [moved.pop((p, c.name, t), done[(p, t)]) for p in graph.parents(c.name)]
+            if c.name in free:
+                done[(c.name, t)] = emit(Event(c.name, "call", t, (), free[c.name], tuple(parents)))
+                continue
+            cp = plan.calls[c.name]
+            own = realloc.pop((c.name, t), None)
+            deps = ([own] if own is not None else weight_deps(c, t)) + parents
+            est = problem.call_estimate(c.name, cp)
+            done[(c.name, t)] = emit(Event(c.name, "call", t, cp.mesh.ranks, est.time_s, tuple(deps),
+                                           active=est.active))
     return events
 
 

@@ -6,7 +6,7 @@
   critic's and reward's on the other, so that independent calls run at the same time.
 - ``disaggregated`` (Xiao et al.): generation on its own devices with a shadow actor that is
   refreshed (reallocated) after each update; everything else co-located on the rest. With
-  ``async_gen=1`` generation of iteration t+1 overlaps training of iteration t.
+  ``train.off_policy=1`` generation of iteration t+1 overlaps training of iteration t.
 - ``heuristic`` (Megatron-style, the baseline ReaL compares against): TP within a node (up to 8),
   PP across nodes (the fewest stages that fit), DP over the rest; one layout for every call.
 """
@@ -25,7 +25,7 @@ STRATEGIES = ("colocated", "interleaved", "disaggregated", "heuristic")
 
 def _plan(problem: Problem, placements: dict[str, tuple[Mesh, Layout]], strategy: str) -> ExecutionPlan:
     plan = ExecutionPlan(problem.cluster, {n: CallPlan(m, lay) for n, (m, lay) in placements.items()},
-                         strategy, problem.async_gen)
+                         strategy)
     return fit_micro_batches(problem, plan)
 
 

@@ -121,3 +121,32 @@ def table(rows: list[Row]) -> str:
         out.append("(realloc and transfer: the measured seconds include waiting for the other side to reach the "
                    "step, which the simulator counts as idle time; no error is quoted for them)")
     return "\n".join(out)
+
+
+MEM_PREFIX = "perf/mem_gib/"
+
+
+def memory(problem: Problem, plan: ExecutionPlan, records: list[dict]) -> dict[str, tuple[float, float]]:
+    """{call: (predicted GiB, measured GiB)}: the planner's peak on the call's busiest rank
+    (Problem.call_memory) against the runtime's measured peak (the busiest rank's, iteration 0)."""
+    pred = problem.call_memory(plan)
+    meas = next((r for r in records if any(k.startswith(MEM_PREFIX) for k in r)), {})
+    return {n: (pred[n][0] / 2**30, meas.get(MEM_PREFIX + n, math.nan)) for n in plan.calls}
+
+
+def memory_summary(mem: dict[str, tuple[float, float]], unmodelled: tuple[str, ...] = ()) -> tuple[float, float]:
+    """(median |error|, worst |error|) of predicted against measured memory over the modelled calls."""
+    errs = [abs(p - m) / m for n, (p, m) in mem.items() if n not in unmodelled and m and math.isfinite(m)]
+    return (statistics.median(errs), max(errs)) if errs else (math.nan, math.nan)
+
+
+def to_json(rows: list[Row], mem: dict[str, tuple[float, float]]) -> dict:
+    """``--validate --json``: {"calls": {NAME: {predicted_s, measured_s, predicted_mem_gib,
+    measured_mem_gib}}, "iteration": {predicted_s, measured_s}, plus the steps between calls}."""
+    calls = {r.name: {"predicted_s": r.predicted, "measured_s": r.measured,
+                      "predicted_mem_gib": mem[r.name][0], "measured_mem_gib": mem[r.name][1],
+                      "modelled": r.modelled} for r in rows if r.kind == "call"}
+    it = next(r for r in rows if r.kind == "iteration")
+    steps = {r.name: {"kind": r.kind, "predicted_s": r.predicted, "measured_s": r.measured}
+             for r in rows if r.kind in ("realloc", "transfer")}
+    return {"calls": calls, "iteration": {"predicted_s": it.predicted, "measured_s": it.measured}, "steps": steps}

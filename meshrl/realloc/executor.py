@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..layout.realloc_plan import ReallocPlan
+from ..parallel import comm
 from .schedule import Bucket, link_buckets, rank_rounds
 from ..layout.shardmap import Slice
 
@@ -158,18 +159,18 @@ class Reallocator:
         def op(fn, buf: torch.Tensor, peer: int) -> None:
             key = (fn.__name__, peer)
             tags[key] = tags.get(key, -1) + 1
-            ops.append(dist.P2POp(fn, buf, peer, tag=tags[key]))
+            ops.append(comm.p2p_op(fn is comm.isend, buf, peer, tag=tags[key]))
 
         for b in sends:
             views = [_view(src[p.name], p.region, self.src_slices[p.name]) for p in b.pieces]
             for v in (v for v, d in zip(views, b.direct, strict=True) if d):
                 extra += 0 if v.is_contiguous() else v.numel() * v.element_size()
-                op(dist.isend, v.reshape(-1), b.dst)  # reshape copies only a strided piece
+                op(comm.isend, v.reshape(-1), b.dst)  # reshape copies only a strided piece
             rest = [v.reshape(-1) for v, d in zip(views, b.direct, strict=True) if not d]
             if rest:
                 buf = torch.cat(rest)
                 extra += buf.numel() * buf.element_size()
-                op(dist.isend, buf, b.dst)
+                op(comm.isend, buf, b.dst)
             stats.sent += b.nbytes
         for b in recvs:
             views = [_view(dst[p.name], p.region, self.dst_slices[p.name]) for p in b.pieces]
@@ -177,14 +178,14 @@ class Reallocator:
             rest = [v for v, d in zip(views, b.direct, strict=True) if not d]
             for group in groups + ([rest] if rest else []):
                 if len(group) == 1 and group[0].is_contiguous():
-                    op(dist.irecv, group[0].view(-1), b.src)  # straight into place
+                    op(comm.irecv, group[0].view(-1), b.src)  # straight into place
                     continue
                 buf = torch.empty(sum(v.numel() for v in group), dtype=dtype, device=device)
                 extra += buf.numel() * buf.element_size()
                 inbox.append((group, buf))
-                op(dist.irecv, buf, b.src)
+                op(comm.irecv, buf, b.src)
             stats.received += b.nbytes
-        works = dist.batch_isend_irecv(ops) if ops else []
+        works = comm.batch_isend_irecv(ops)
         stats.pack_s += time.perf_counter() - t0
         return _Posted(works, inbox, [o.tensor for o in ops], extra)
 
@@ -214,9 +215,7 @@ class _Posted:
 
 
 def _default_device() -> torch.device:
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return comm.compute_device()
 
 
 def reallocate(plan: ReallocPlan, src: dict[str, torch.Tensor], out: dict[str, torch.Tensor] | None = None,

@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..parallel import comm
+
 from .roles import RoleModels
 
 PREFIX = "ckpt-"
@@ -60,12 +62,12 @@ def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    dist.barrier()
+    comm.barrier(comm.control(None))
     state = _rank_state(roles)
     if ahead is not None:
         state["ahead"] = ahead
     torch.save(state, tmp / f"rank{rank}.pt")
-    dist.barrier()
+    comm.barrier(comm.control(None))
     if rank == 0:
         (tmp / "plan.json").write_text(plan_json)
         meta = {"iteration": iteration, "world": dist.get_world_size(),
@@ -76,7 +78,7 @@ def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels
         old = sorted((p for p in out.glob(f"{PREFIX}*") if p != final), key=lambda p: p.name)
         for p in old[:max(0, len(old) - keep + 1)]:
             shutil.rmtree(p, ignore_errors=True)
-    dist.barrier()
+    comm.barrier(comm.control(None))
     return final
 
 
@@ -104,26 +106,14 @@ def load_checkpoint(path: str | Path, roles: dict[str, RoleModels]) -> tuple[int
 
 
 def export_trained(roles: dict[str, RoleModels], algo: str, out: str | Path, tok=None) -> Path | None:
-    """Collective over the exported role's home mesh: gather the trained model and save it as a
-    Hugging Face checkpoint at OUT/reward for algo=rm, else OUT/actor (as the single-process trainer
-    does), written by the mesh's first rank; returns the path there (None on other ranks)."""
-    from ..model.checkpoint import build_model, save_pretrained
+    """Collective over the exported role's home mesh: save the trained model as a Hugging Face
+    checkpoint at OUT/reward for algo=rm, else OUT/actor (as the single-process trainer does),
+    written shard by shard by the ranks holding it (runtime/export.py); returns the path on the
+    mesh's first rank (None on the others)."""
+    from .export import export_sharded
 
     name = "reward" if algo == "rm" else "actor"
     rm = roles.get(name)
     if rm is None or rm.home not in rm.models:
         return None
-    pm = rm.models[rm.home]
-    full = pm.full_state_dict()
-    if full is None:
-        return None
-    model = build_model(rm.cfg, seed=0, value_head=pm.value_head)
-    res = model.load_state_dict(full, strict=False)
-    bad = [k for k in res.missing_keys if k != "lm_head.weight"] + list(res.unexpected_keys)  # tied head
-    if bad:
-        raise RuntimeError(f"export: the gathered {name} does not match the model: {bad[:3]}")
-    path = Path(out) / name
-    save_pretrained(model, path)
-    if tok is not None and hasattr(tok, "save_pretrained"):
-        tok.save_pretrained(str(path))
-    return path
+    return export_sharded(rm.models[rm.home], Path(out) / name, tok)

@@ -1,7 +1,7 @@
 """The SPMD engine: every rank walks the same global order of steps and does the ones that include it.
 
     roles = build_roles(...)                      # home ParallelModels + per-placement copies
-    for step in schedule.steps(graph, plan, ...):   # identical list on every rank
+    for step in plan.steps.steps(graph, plan, ...):  # identical list on every rank
         if rank in step.ranks: do(step)            # call | realloc | transfer | end of iteration
 
 Data lives per iteration: ``store[t]`` holds the whole-batch tensors this rank has (the dataset's
@@ -25,16 +25,19 @@ import torch.distributed as dist
 from ..algo import setup
 from ..algo.batch import Batch
 from ..algo.common import CallContext
+from ..algo.calls import Place, implementation, row_wise
+from ..algo.demo_evals import Evaluation, evaluations
 from ..algo.evaluate import eval_batch, eval_due, eval_metrics, eval_rows
 from ..algo.graph import Graph, graph_for
+from ..algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..algo.registry import tensor_keys
-from ..algo.trainer import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..config import Config
 from ..parallel.groups import GroupCache
+from ..parallel import comm
+from . import memory
 from ..plan.execution_plan import ExecutionPlan
-from ..algo.calls import Place, implementation, row_wise
+from ..plan.steps import Step, report_rank, steps
 from .roles import RoleModels, build_roles, initial_states
-from .schedule import Step, report_rank, steps
 from .transfer import exchange
 
 
@@ -43,8 +46,11 @@ class RankLog:
     """What one rank measured in one iteration: stats it reports, seconds per step, trace events."""
 
     stats: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, float] = field(default_factory=dict)  # parts of a figure that rank 0 adds up
+    tokens: float = 0.0  # real tokens of the iteration's batch (the train calls' reporting ranks)
     seconds: dict[str, float] = field(default_factory=dict)
     events: list[tuple[str, str, float, float]] = field(default_factory=list)  # (name, kind, start, dur)
+    memory: dict[str, float] = field(default_factory=dict)  # call -> peak bytes (runtime/memory.py)
 
 
 class Engine:
@@ -61,6 +67,7 @@ class Engine:
         self.data = dataset(cfg, self.tok)  # prompts (RL), SFT sequences or preference pairs
         self.roles: dict[str, RoleModels] = build_roles(cfg, self.graph, plan, initial_states(cfg, self.tok, log, warm),
                                                         cache, timeout_s)
+        self.evals: list[Evaluation] = evaluations(cfg, self.tok)
         self.store: dict[int, Batch] = {}
         self.held: dict[tuple[str, int], Batch] = {}
         self.logs: dict[int, RankLog] = {}
@@ -73,7 +80,7 @@ class Engine:
         is already in ``held`` (restored from a checkpoint), so it is not run again."""
         if eval_due(self.cfg, start):
             self.evaluate(start)
-        for step in steps(self.graph, self.plan, start, stop, ahead):
+        for step in steps(self.graph, self.plan, start, stop, self.cfg.train.off_policy, ahead):
             if self.rank not in step.ranks:
                 continue
             self._mark(step)
@@ -89,6 +96,7 @@ class Engine:
                 raise RuntimeError(f"rank {self.rank} failed in step '{step.name}' of iteration "
                                    f"{step.iteration}: {type(e).__name__}: {e}") from e
             if step.kind == "end":
+                self._evaluate(step.iteration)
                 on_end(step.iteration, self._gather(step.iteration))
                 if step.iteration + 1 < stop and eval_due(self.cfg, step.iteration + 1):
                     self.evaluate(step.iteration + 1)
@@ -122,7 +130,7 @@ class Engine:
         if step.role and self.roles[step.role].offloaded:
             self.roles[step.role].reload()  # before a call or a reallocation reads the weights
         if step.kind == "call":
-            self._call(step)
+            self._measured_call(step)
             if self._temporary(step.call):
                 self.roles[step.role].drop(self.plan.calls[step.call].placement)
             if self.plan.offload_frozen and self._shared(step.call):
@@ -131,6 +139,19 @@ class Engine:
             self.roles[step.role].refresh(self.plan.calls[step.call].placement, self.rank, self.timeout)
         elif step.kind == "transfer":
             self._transfer(step)
+
+    def _measured_call(self, step: Step) -> None:
+        """The call, with the rank's peak memory in it when validation asks (runtime/memory.py: on a
+        CPU only in iteration 0, whose times the comparison skips)."""
+        dev = comm.compute_device()
+        if not memory.enabled() or (dev.type != "cuda" and step.iteration != 0):
+            self._call(step)
+            return
+        box: dict = {}
+        with memory.call_peak(self.roles, dev, box):
+            self._call(step)
+        lg = self.logs.setdefault(step.iteration, RankLog())
+        lg.memory[step.call] = max(lg.memory.get(step.call, 0.0), box["peak"])
 
     def _temporary(self, name: str) -> bool:
         """Whether the call's copy of its role is dropped after the call: a copy (not the home) that
@@ -179,6 +200,7 @@ class Engine:
         if self.rank == report_rank(self.plan, call.name):
             lg = self.logs.setdefault(t, RankLog())
             lg.stats.update(stats)
+            lg.tokens = float(batch.tokens().sum())
             if call.role == "actor" and self.cfg.algo in RL_ALGOS:
                 lg.stats.update(rollout_metrics(batch, self.cfg))
 
@@ -201,10 +223,25 @@ class Engine:
             rows = eval_rows(h, part, CallContext(self.cfg, t, self.tok, algo="eval"), place)
             mine = rows if self.rank == home.holders()[dp_i] else None
         out: list | None = [None] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(mine, out, dst=0)
+        comm.gather_object(mine, out, 0, comm.control(None))
         if out is not None:
             merged = Batch.merge([b for b in out if b is not None])
             self.logs.setdefault(t, RankLog()).stats.update(eval_metrics(merged, self.cfg))
+
+    def _evaluate(self, t: int) -> None:
+        """The evaluations due at iteration t, each on its role's home placement (algo/evaluate.py)."""
+        for ev in self.evals:
+            pl = self.roles[ev.role].home
+            if not ev.due(t) or self.rank not in pl.mesh:
+                continue
+            dp_i = pl.coords_of(self.rank)[0]
+            rows = ev.rows(t)
+            part = rows.split(pl.layout.dp)[dp_i]
+            place = Place(dp_i, pl.layout.dp, 1, holds_output=self.rank == pl.holders()[dp_i])
+            got = ev.fn(self.roles[ev.role].handle(pl), part, CallContext(self.cfg, t, self.tok, ev.algo), place)
+            if got is not None:
+                sums = self.logs.setdefault(t, RankLog()).sums
+                sums[ev.metric] = sums.get(ev.metric, 0.0) + got / len(rows)
 
     def _transfer(self, step: Step) -> None:
         t = step.iteration
@@ -220,5 +257,5 @@ class Engine:
         for key in [k for k in self.held if k[1] == t]:
             del self.held[key]
         out: list[RankLog] | None = [RankLog()] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(mine, out, dst=0)
+        comm.gather_object(mine, out, 0, comm.control(None))
         return out

@@ -21,15 +21,16 @@ from ..plan.execution_plan import ExecutionPlan
 JOB_DEADLINE_S = 7 * 24 * 3600.0  # the pool's wait for the whole run; hangs are bounded by timeout_s
 
 
-def plan_table(plan: ExecutionPlan) -> str:
+def plan_table(plan: ExecutionPlan, off_policy: int = 0) -> str:
     """The plan as a table: which ranks run each call, with which layout."""
     rows = [("call", "ranks", "layout", "micro-batches")]
     rows += [(n, str(cp.mesh), str(cp.layout), str(cp.micro_batches)) for n, cp in plan.calls.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    head = f"plan: {plan.strategy} on {plan.cluster.size} ranks ({plan.cluster.device})" + \
-        (", async generation (one step off-policy)" if plan.async_gen else "")
+    n = plan.cluster.size
+    head = f"plan: {plan.strategy} on {n} rank{'s' if n > 1 else ''} ({plan.cluster.device})" + \
+        (", generation one step off-policy (train.off_policy=1)" if off_policy else "")
     return head + "\n" + "\n".join(lines)
 
 
@@ -48,22 +49,14 @@ def _failure(status_dir: Path, err: Exception) -> str:
     return "\n".join(lines)
 
 
-def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = False,
-           timeout_s: float | None = None, quiet: bool = False, progress: bool = False) -> list[dict] | None:
-    """Run the job; returns rank 0's metrics records. Raises UserError for bad input and
-    RuntimeError (naming rank and step) when a rank fails. ``timeout_s``: how long any rank waits
-    for another (default: the config's ``train.timeout``)."""
+def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, quiet: bool
+            ) -> tuple[ExecutionPlan, int]:
+    """The plan the ranks run and the first iteration (after the newest checkpoint with ``resume``);
+    writes OUT/plan.json and prints the plan table. Runs once per job: in the launching process,
+    or on rank 0 under torchrun once the process group exists (its result is broadcast)."""
     from .checkpoint import latest_checkpoint
     from .plans import resolve_plan
-    from .run import rank_main
 
-    timeout_s = cfg.train.timeout if timeout_s is None else timeout_s
-    if not timeout_s > 0:
-        raise UserError(f"train.timeout must be > 0 seconds, got {timeout_s}")
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else nprocs
-    quiet = quiet or (under_torchrun() and os.environ["RANK"] != "0")  # one console: global rank 0
-    if world < 1:
-        raise UserError(f"--nprocs must be >= 1, got {nprocs}")
     plan, note = resolve_plan(cfg, plan_spec, world)
     start = 0
     ck = latest_checkpoint(out) if resume else None
@@ -72,32 +65,83 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
         print(f"--resume: no checkpoint in {out} yet, so the run starts from the beginning")
     if ck is not None:
         saved = ExecutionPlan.load(ck / "plan.json")
-        if saved.to_dict()["calls"] != plan.to_dict()["calls"] or saved.async_gen != plan.async_gen:
-            plan = saved  # resume under the plan the checkpoint was written with (async: its batch ahead)
+        if saved.to_dict()["calls"] != plan.to_dict()["calls"]:
+            plan = saved  # resume under the plan the checkpoint was written with (off-policy: its batch ahead)
         start = int(ck.name.split("-")[1]) + 1
+        if start >= cfg.train.iterations:
+            raise UserError(f"--resume: {out} already holds all {start} iterations; raise train.iterations "
+                            f"(e.g. train.iterations={start + 2}) to train on")
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(plan.to_json())
-    if not quiet:
-        print(plan_table(plan) + (f"\n{note}" if note else ""))
+    if not quiet and (world > 1 or plan_spec != "colocated"):  # one rank by default: nothing to choose
+        print(plan_table(plan, cfg.train.off_policy) + (f"\n{note}" if note else ""))
         if start:
             print(f"resuming from {latest_checkpoint(out)} at iteration {start}")
+    return plan, start
+
+
+def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = False,
+           timeout_s: float | None = None, quiet: bool = False, progress: bool = False) -> list[dict] | None:
+    """Run the job; returns rank 0's metrics records. Raises UserError for bad input and
+    RuntimeError (naming rank and step) when a rank fails. ``timeout_s``: how long any rank waits
+    for another (default: the config's ``train.timeout``). One rank runs in this process."""
+    timeout_s = cfg.train.timeout if timeout_s is None else timeout_s
+    if not timeout_s > 0:
+        raise UserError(f"train.timeout must be > 0 seconds, got {timeout_s}")
     if under_torchrun():
-        return _torchrun_main(cfg, plan, out, start, timeout_s, quiet, progress)
+        quiet = quiet or os.environ["RANK"] != "0"  # one console: global rank 0
+        return _torchrun_main(cfg, plan_spec, out, resume, timeout_s, quiet, progress)
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise UserError(f"--nprocs must be a whole number >= 1, got {nprocs}")
+    plan, start = prepare(cfg, plan_spec, nprocs, out, resume, quiet)
     status = out / ".ranks"
     shutil.rmtree(status, ignore_errors=True)
     status.mkdir()
+    if nprocs == 1:
+        return in_process(cfg, plan, str(out), start, timeout_s, status, quiet, progress)
     from .launch import RankError, RankPool
+    from .run import rank_main
 
     try:
-        with RankPool(world, timeout=timeout_s) as pool:
+        with RankPool(nprocs, timeout=timeout_s) as pool:
             return pool.run(rank_main, cfg, plan, str(out), start, timeout_s, str(status), quiet, 1, progress,
                             timeout=JOB_DEADLINE_S)[0]
     except RankError as e:
         raise RuntimeError(_failure(status, e)) from None
 
 
-def _torchrun_main(cfg: Config, plan: ExecutionPlan, out: Path, start: int, timeout_s: float, quiet: bool,
+def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0, timeout_s: float = 300.0,
+               status: Path | None = None, quiet: bool = True, progress: bool = False) -> list[dict] | None:
+    """One rank, here: a world of one (gloo on CPU, NCCL on a GPU) over an in-memory store, so a
+    one-device run is the same runtime as any other, without a process to spawn."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from .run import rank_main
+
+    if dist.is_initialized():
+        raise UserError("meshrl train: torch.distributed is already initialised in this process; "
+                        "run one job at a time")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(0)
+    torch.set_num_threads(max(1, cfg.train.threads))
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        return rank_main(cfg, plan, out, start, timeout_s, str(status) if status else None, quiet, 1, progress)
+    finally:
+        dist.destroy_process_group()
+
+
+def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout_s: float, quiet: bool,
                    progress: bool) -> list[dict] | None:
+    """One torchrun process = one rank. The process group comes first; then rank 0 alone resolves
+    the plan (a strategy, or a search whose result may depend on its time budget) and checks the
+    checkpoint, and broadcasts both: every rank runs what rank 0 chose. A UserError on rank 0
+    reaches every rank as the same UserError."""
     import datetime
 
     import torch
@@ -109,7 +153,22 @@ def _torchrun_main(cfg: Config, plan: ExecutionPlan, out: Path, start: int, time
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+    from ..parallel import comm
+
+    comm.setup(datetime.timedelta(seconds=timeout_s))
     try:
-        return rank_main(cfg, plan, str(out), start, timeout_s, None, quiet, 1, progress)
+        box: list = [None]
+        if dist.get_rank() == 0:
+            try:
+                plan, start = prepare(cfg, plan_spec, dist.get_world_size(), out, resume, quiet)
+                box[0] = (plan.to_json(), start, None)
+            except UserError as e:
+                box[0] = (None, 0, str(e))
+        box[0] = comm.broadcast_object(box[0], 0, comm.control(None))  # an object: the control plane
+        plan_json, start, error = box[0]
+        if error is not None:
+            raise UserError(error)
+        return rank_main(cfg, ExecutionPlan.from_json(plan_json), str(out), start, timeout_s, None, quiet, 1,
+                         progress)
     finally:
         dist.destroy_process_group()

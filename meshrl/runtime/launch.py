@@ -61,6 +61,9 @@ def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: f
     except Exception:  # noqa: BLE001 - reported to the parent, which names the rank
         results.put((rank, "error", traceback.format_exc()))
         return
+    from ..parallel import comm
+
+    comm.setup(datetime.timedelta(seconds=coll_timeout))  # the world's control (gloo) group
     results.put((rank, "ready", None))
     from multiprocessing.reduction import ForkingPickler
 

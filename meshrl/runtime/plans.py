@@ -24,7 +24,7 @@ def run_cluster(cfg: Config, world: int) -> Cluster:
     return Cluster(1, world, c.device)
 
 
-def _problem(cfg: Config, cluster: Cluster, async_gen: int | None):
+def _problem(cfg: Config, cluster: Cluster):
     """The planning problem for this run's ranks, with the planner's one fallback for a CPU without
     a profile (meshrl/plan/fallback.py, as `meshrl plan`)."""
     from ..plan.fallback import planning_config
@@ -33,10 +33,10 @@ def _problem(cfg: Config, cluster: Cluster, async_gen: int | None):
     pcfg = copy.deepcopy(cfg)
     pcfg.cluster.nodes, pcfg.cluster.devices_per_node = cluster.nodes, cluster.devices_per_node
     pcfg, note = planning_config(pcfg)
-    return problem_from_config(pcfg, async_gen=async_gen), note
+    return problem_from_config(pcfg), note
 
 
-def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = None) -> tuple[ExecutionPlan, str]:
+def resolve_plan(cfg: Config, spec: str, world: int) -> tuple[ExecutionPlan, str]:
     """(plan, a note for the log). ``spec``: a strategy name, 'search', or a plan JSON file."""
     cluster = run_cluster(cfg, world)
     note = ""
@@ -46,9 +46,13 @@ def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = Non
     if spec.endswith(".json") or Path(spec).is_file():
         plan = ExecutionPlan.load(spec)
         if plan.cluster.size != world:
-            raise UserError(f"plan {spec} is for {plan.cluster.size} devices, but this run has {world} ranks")
+            raise UserError(f"plan file {spec} is for {plan.cluster.size} devices, but this run has {world} ranks")
+        try:
+            check_plan(cfg, plan)
+        except UserError as e:
+            raise UserError(f"plan file {spec}: {e}") from None
     else:
-        problem, note = _problem(cfg, cluster, async_gen)
+        problem, note = _problem(cfg, cluster)
         if spec == "search":
             from ..plan.search import search
 
@@ -58,8 +62,6 @@ def resolve_plan(cfg: Config, spec: str, world: int, async_gen: int | None = Non
 
             plan = build(problem, spec)
         plan.cluster = cluster
-    if async_gen is not None:
-        plan.async_gen = async_gen
     check_plan(cfg, plan)
     return plan, note
 
@@ -85,3 +87,19 @@ def check_plan(cfg: Config, plan: ExecutionPlan) -> None:
         if cp.layout.dp > limit:
             raise UserError(f"plan call {name}: dp={cp.layout.dp} is more than the {limit} sequences it gets "
                             "per step (data.batch_size x samples_per_prompt / ppo.mini_batches)")
+    check_memory(cfg, plan)
+
+
+def check_memory(cfg: Config, plan: ExecutionPlan) -> None:
+    """UserError, before any rank starts, if the planner finds a call over its devices' memory
+    (Problem.call_memory: resident weights and optimizer state plus the call's own need), naming
+    the call, the rank and the bytes."""
+    cluster = Cluster(plan.cluster.nodes, plan.cluster.devices_per_node, cfg.cluster.device)
+    problem, note = _problem(cfg, cluster, plan.async_gen)
+    cap = problem.hw.mem_bytes
+    for name, (need, rank) in problem.call_memory(plan).items():
+        if need > cap:
+            where = f" ({note})" if note else ""
+            raise UserError(f"plan call {name} does not fit in memory: it needs {need / 2**30:.2f} GiB "
+                            f"({int(need)} bytes) on rank {rank}, more than the {cap / 2**30:.0f} GiB "
+                            f"of one {problem.hw.name} device{where}; use more devices, more tp/pp, or a smaller model")

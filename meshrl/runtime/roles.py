@@ -6,8 +6,9 @@ from the home weights, unless the plan says ``keep_copies`` or the copy is a sha
 generation copy on devices the home does not use, as in the disaggregated strategy), which stays.
 With the plan's ``offload_frozen``, a frozen role's parameters wait in host memory between uses.
 
-Initial weights are made once on rank 0 (the preset's seeded init and the demo's SFT warm-up, as
-the single-process trainer does) and broadcast, so every plan starts from bit-identical weights.
+Initial weights: each rank reads only its own shards from the checkpoint or the preset's seeded
+init (``initial_states``), so every plan starts from bit-identical weights without any rank
+holding a whole model (the demo's tiny SFT warm-up excepted).
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from ..algo import setup
 from ..algo.graph import Graph
 from ..config import Config
 from ..model.config import ModelConfig
+from ..parallel import comm
+from ..model.checkpoint import build_model
+from ..model.presets import get_preset
 from ..parallel.data import AdamWConfig
+from ..parallel.precision import torch_dtype
+from ..parallel.load import InitLoader, SafetensorsLoader, StateLoader, ValueFromCausal
 from ..parallel.groups import GroupCache, RankGroups
 from ..layout.mesh import Placement
 from ..parallel.model import ParallelModel
@@ -29,43 +35,72 @@ from ..plan.execution_plan import ExecutionPlan
 from ..realloc.executor import Reallocator
 from ..layout.realloc_plan import realloc_plan
 from ..layout.shardmap import shard_map
-from .schedule import home_calls
+from ..plan.steps import home_calls
 
 VALUE_ROLES = ("critic", "reward")
 
 
 def broadcast_state(state: dict[str, torch.Tensor], src: int = 0) -> dict[str, torch.Tensor]:
-    """Make every rank's tensors equal to rank ``src``'s (same names and shapes on all ranks)."""
+    """Make every rank's tensors equal to rank ``src``'s (same names and shapes on all ranks),
+    one tensor at a time on the compute device (the data plane)."""
+    dev = comm.compute_device()
     for name in sorted(state):
-        t = state[name].contiguous()
-        dist.broadcast(t, src)
+        t = state[name].to(dev).contiguous()
+        comm.broadcast(t, src)
         state[name] = t
     return state
 
 
-def initial_states(cfg: Config, tok, log, warm: bool = True
-                   ) -> dict[str, tuple[ModelConfig | None, dict[str, torch.Tensor] | None]]:
-    """role -> (model config, full HF-named state) at iteration 0, equal on every rank; the state is
-    None for a rule reward. Rank 0 runs the SFT warm-up (not when resuming: the checkpoint holds
-    every role's weights); the others receive its result."""
+def initial_states(cfg: Config, tok, log, warm: bool = True) -> dict[str, tuple[ModelConfig | None, object]]:
+    """role -> (model config, SliceLoader of its iteration-0 weights), equal on every rank; the
+    loader is None for a rule reward. Each rank reads only its own shards (parallel/load.py): from
+    the checkpoint's safetensors or the preset's seeded init, as ``setup.build_roles`` would build
+    them whole. The one exception is the demo's SFT warm-up (tiny preset, not when resuming): rank 0
+    trains the whole tiny actor and broadcasts it tensor by tensor."""
     torch.manual_seed(cfg.train.seed)
-    actor = setup.load_policy(cfg, cfg.train.seed)
-    if warm and dist.get_rank() == 0 and setup.warms_up(cfg):
-        from ..algo.trainer import warmup_sft
+    seed, spec, dtype = cfg.train.seed, cfg.models.actor, torch_dtype(cfg.train.dtype)
+    if warm and setup.warms_up(cfg):
+        actor = setup.load_policy(cfg, seed) if dist.get_rank() == 0 else build_model(spec.preset or "tiny")
+        if dist.get_rank() == 0:
+            from ..algo.warmup import warmup_sft
 
-        warmup_sft(actor, cfg, tok, log, progress=False)
-    broadcast_state(dict(actor.state_dict()))  # in place: the dict's tensors are the parameters
-    roles = setup.build_roles(cfg, actor)
-    out = {}
-    for name, role in roles.items():
-        model = role.model
-        out[name] = ((model.config, {k: v.detach().clone() for k, v in model.state_dict().items()})
-                     if model is not None else (None, None))
+            warmup_sft(actor, cfg, tok, log, progress=False)
+        state = broadcast_state({k: v.detach() for k, v in actor.state_dict().items()})
+        del actor
+        acfg, body = get_preset(spec.preset or "tiny"), StateLoader(state, dtype)
+    elif spec.path:
+        body = SafetensorsLoader(spec.path, dtype=dtype)
+        acfg = body.cfg
+    else:
+        acfg = get_preset(spec.preset or "tiny")
+        body = InitLoader(acfg, seed, dtype=dtype)
+    out: dict[str, tuple[ModelConfig | None, object]] = {}
+    if cfg.algo == "rm":  # models.reward.path, else the (SFT) actor's backbone + a random head
+        rspec = cfg.models.reward
+        out["reward"] = _from_path(rspec.path, True, seed + 3, dtype) or \
+            (acfg, ValueFromCausal(body, InitLoader(acfg, seed + 3, value_head=True, dtype=dtype)))
+        return out
+    out["actor"] = (acfg, body)
+    if cfg.algo == "sft":
+        return out
+    out["ref"] = _from_path(cfg.models.ref.path, False, 0, dtype) or (acfg, body)
+    if cfg.algo == "dpo":
+        return out
+    if cfg.algo == "ppo":
+        out["critic"] = _from_path(cfg.models.critic.path, True, seed + 1, dtype) or (acfg, ValueFromCausal(body))
+    out["reward"] = _from_path(cfg.models.reward.path, True, 0, dtype) or (None, None)
     return out
 
 
+def _from_path(path: str | None, value_head: bool, seed: int, dtype: torch.dtype):
+    if not path:
+        return None
+    loader = SafetensorsLoader(path, value_head, seed, dtype)
+    return loader.cfg, loader
+
+
 def adamw_for(cfg: Config, role: str) -> AdamWConfig:
-    """The single-process trainer's optimizer settings for a trained role (meshrl/algo/setup.py)."""
+    """The optimizer settings of a trained role (meshrl/algo/setup.py)."""
     lr, scales = setup.role_lr(cfg, role)
     return AdamWConfig(lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=cfg.optim.weight_decay,
                        max_grad_norm=cfg.optim.grad_clip, lr_scales=scales)
@@ -105,8 +140,13 @@ class RoleModels:
         if self.trained or pm is None or placement in self.offloaded:
             return
         self.offloaded[placement] = pm.stage.device
+        pin = pm.stage.device.type == "cuda"  # pinned host pages: the copies back run as DMA, async
         for p in pm.named.values():
-            p.data = p.data.to("cpu", copy=True)
+            host = torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin)
+            host.copy_(p.data, non_blocking=pin)
+            p.data = host
+        if pin:
+            torch.cuda.current_stream(pm.stage.device).synchronize()  # host copies complete before use
         self.offloads += 1
 
     @torch.no_grad()
@@ -114,7 +154,7 @@ class RoleModels:
         """Bring every offloaded model of the role on this rank back to its device."""
         for placement, device in self.offloaded.items():
             for p in self.models[placement].named.values():
-                p.data = p.data.to(device)
+                p.data = p.data.to(device, non_blocking=p.data.is_pinned())
         self.offloaded.clear()
 
     def refresh(self, dst: Placement, rank: int, timeout_s: float) -> int:
@@ -145,18 +185,20 @@ def build_roles(cfg: Config, graph: Graph, plan: ExecutionPlan, states: dict, ca
     trained = {c.role for c in graph.calls if c.kind == "train"}
     out: dict[str, RoleModels] = {}
     for role in graph.roles():
-        mcfg, state = states[role]
+        mcfg, load = states[role]
         home = plan.calls[homes[role]].placement
         rm = RoleModels(role, mcfg, home, role in trained)
         out[role] = rm
-        if state is None:
+        if load is None:
             continue
         placements = [home] + [plan.calls[c.name].placement for c in graph.calls if c.role == role]
         for pl in dict.fromkeys(placements):  # unique, in order
             if rank not in pl.mesh:
                 continue
             optim = adamw_for(cfg, role) if rm.trained and pl == home else None
-            rm.models[pl] = ParallelModel.from_state(mcfg, pl, cache, state, value_head=role in VALUE_ROLES,
-                                                     optim=optim, timeout_s=timeout_s)
+            rm.models[pl] = ParallelModel.create(mcfg, pl, cache, load, value_head=role in VALUE_ROLES,
+                                                 optim=optim, timeout_s=timeout_s,
+                                                 activation_checkpointing=optim is not None
+                                                 and cfg.train.activation_checkpointing)
             rm.dtype = rm.models[pl].dtype
     return out

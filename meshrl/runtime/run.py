@@ -13,10 +13,11 @@ import torch.distributed as dist
 from ..algo.graph import graph_for
 from ..config import Config
 from ..observe.trace import Trace
+from ..parallel import comm
 from ..parallel.groups import GroupCache, all_axes
 from ..plan.execution_plan import ExecutionPlan
 from .engine import Engine, RankLog
-from .schedule import generated_ahead
+from ..plan.steps import generated_ahead
 
 _CACHE: GroupCache | None = None
 
@@ -53,7 +54,7 @@ def check_group_names() -> None:
 
     mine = getattr(getattr(c10d, "_world", None), "group_count", None)
     counts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(counts, mine)
+    comm.all_gather_object(counts, mine, comm.control(None))
     if mine is not None and len(set(counts)) > 1:
         raise RuntimeError(f"the ranks have made different numbers of process groups (by rank: {counts}): "
                            "a group was made by only some ranks, so the next group would never form")
@@ -119,13 +120,24 @@ def record_of(t: int, logs: list[RankLog], wall_s: float) -> dict:
     rec: dict = {"iteration": t}
     for lg in logs:
         rec.update(lg.stats)
+    for lg in logs:  # evaluations: each replica's part of the mean (algo/evaluate.py)
+        for k, v in lg.sums.items():
+            rec[k] = rec.get(k, 0.0) + v
     timing: dict[str, float] = {}
     for lg in logs:
         for k, v in lg.seconds.items():
             timing[k] = max(timing.get(k, 0.0), v)
     busiest = max((sum(v for k, v in lg.seconds.items() if k.startswith("time/call/")) for lg in logs), default=0.0)
     rec.update(sorted(timing.items()))
+    peaks: dict[str, float] = {}  # per call, the busiest rank's peak memory (when measured)
+    for lg in logs:
+        for k, v in getattr(lg, "memory", {}).items():
+            peaks[k] = max(peaks.get(k, 0.0), v)
+    rec.update((f"perf/mem_gib/{k}", v / 2**30) for k, v in sorted(peaks.items()))
     rec["time/iteration"] = wall_s
+    tokens = max((lg.tokens for lg in logs), default=0.0)
+    if tokens and wall_s > 0:
+        rec["perf/tokens_per_s"] = tokens / wall_s
     rec["time/runtime/overhead_frac"] = max(0.0, 1.0 - busiest / wall_s) if wall_s > 0 else 0.0
     return rec
 
@@ -140,7 +152,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     iterations and at the end, and the trained model is exported to ``out/actor`` (``out/reward`` for rm)."""
     import time
 
-    from ..algo.trainer import console_keys
+    from ..algo.iteration import console_keys
     from ..observe.metrics import MetricsWriter, no_signal_note, summary_line
     from .checkpoint import export_trained, latest_checkpoint, load_checkpoint, save_checkpoint
 
@@ -165,7 +177,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     if out is not None and rank == 0:
         kept = [r for r in _complete_records(Path(out) / "metrics.jsonl") if r["iteration"] < start] \
             if start > 0 else []
-        writer = MetricsWriter(out, tensorboard=False)  # starts the file afresh: keep what precedes start
+        writer = MetricsWriter(out)  # starts the file afresh: keep what precedes start
         for r in kept:
             writer.write(r)
     last = [time.time()]
@@ -175,7 +187,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
         if logs is not None:
             report(t, logs)
         if out is not None and ((t + 1) % save_every == 0 or t + 1 == cfg.train.iterations):
-            early = generated_ahead(engine.graph, plan, t, cfg.train.iterations)
+            early = generated_ahead(engine.graph, cfg.train.off_policy, t, cfg.train.iterations)
             save_checkpoint(out, t, engine.roles, plan.to_json(),  # after the metrics it covers
                             ahead=ahead_state(engine, t + 1) if early else None)
 
@@ -190,7 +202,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
         if writer is not None:
             writer.write(rec)
             trace.save(Path(out) / "trace.json")
-        log(summary_line(rec, console_keys(cfg.algo) + ("time/iteration",)))  # the trainer's line, timed
+        log(summary_line(rec, console_keys(cfg.algo)))  # the demo's line (time/ figures: metrics.jsonl)
         note = no_signal_note(rec) if not noted else None
         if note:
             noted.append(t)
@@ -205,7 +217,8 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
 
         bar = tqdm(total=cfg.train.iterations, initial=start, desc=f"{cfg.algo} / {plan.strategy}")
         log = bar.write
-    dist.barrier()  # iteration timing starts when every rank has built its models
+    log(f"{cfg.algo}: calls {' -> '.join(engine.graph.names)}")
+    comm.barrier(comm.control(None))  # iteration timing starts when every rank has built its models
     last[0] = time.time()
     engine.run(start, cfg.train.iterations, on_end, ahead=ahead)
     if bar is not None:

@@ -1,7 +1,8 @@
 """Moving a call's outputs between ranks: point-to-point messages on the world group, with deadlines.
 
 A batch part (named tensors plus the row index it was split with) is serialised with torch.save
-into one uint8 tensor and sent as two messages (its length, then its bytes). Sends are
+into one uint8 tensor and sent as two messages: its length on the control plane (a count, CPU/gloo),
+then its bytes on the data plane (on the compute device, so NCCL carries it on a GPU). Sends are
 non-blocking, so a rank that is both a sender and a receiver never waits on itself; every rank
 posts its messages in the global step order, so the pairs match without tags.
 """
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..algo.batch import Batch
+from ..parallel import comm
 
 
 def _encode(part: Batch) -> torch.Tensor:
@@ -24,7 +26,9 @@ def _encode(part: Batch) -> torch.Tensor:
 
 
 def _decode(raw: torch.Tensor) -> Batch:
-    obj = torch.load(io.BytesIO(raw.numpy().tobytes()), weights_only=True)
+    """The part, its tensors on this rank's compute device."""
+    obj = torch.load(io.BytesIO(raw.cpu().numpy().tobytes()), weights_only=True,
+                     map_location=comm.compute_device())
     return Batch(obj["data"], obj["index"])
 
 
@@ -37,10 +41,9 @@ class Outbox:
 
     def send(self, part: Batch, dst: int) -> int:
         """Queue ``part`` for rank ``dst``; returns the bytes sent."""
-        payload = _encode(part)
-        size = torch.tensor([payload.numel()], dtype=torch.long)
-        self.works.append((dist.isend(size, dst), size))
-        self.works.append((dist.isend(payload, dst), payload))
+        payload = _encode(part).to(comm.compute_device())
+        self.works.append(comm.send_count(payload.numel(), dst, comm.control(None)))
+        self.works.append((comm.isend(payload, dst), payload))
         return payload.numel()
 
     def wait(self) -> None:
@@ -52,10 +55,9 @@ class Outbox:
 def recv_part(src: int, timeout_s: float) -> Batch:
     """Receive one batch part sent by ``Outbox.send`` on rank ``src``."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    size = torch.empty(1, dtype=torch.long)
-    dist.irecv(size, src).wait(timeout)
-    payload = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.irecv(payload, src).wait(timeout)
+    n = comm.recv_count(src, timeout, comm.control(None))
+    payload = torch.empty(n, dtype=torch.uint8, device=comm.compute_device())
+    comm.irecv(payload, src).wait(timeout)
     return _decode(payload)
 
 

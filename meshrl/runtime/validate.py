@@ -51,7 +51,8 @@ def run_plan(cfg: Config, plan: ExecutionPlan, iterations: int, max_ranks: int, 
     check_plan(cfg, plan)
     with tempfile.TemporaryDirectory(prefix="meshrl-validate-") as tmp:
         try:
-            with RankPool(world, backend="gloo", timeout=timeout_s) as pool:
+            # MESHRL_MEASURE_MEM: each call's peak memory in iteration 0 (runtime/memory.py)
+            with RankPool(world, backend="gloo", timeout=timeout_s, env={"MESHRL_MEASURE_MEM": "1"}) as pool:
                 return pool.run(rank_main, cfg, plan, None, start=0, timeout_s=timeout_s, status_dir=tmp,
                                 quiet=True, timeout=JOB_DEADLINE_S)[0]
         except RankError as e:

@@ -9,7 +9,7 @@ import torch
 from meshrl.algo import setup
 from meshrl.algo.batch import Batch
 from meshrl.algo.common import CallContext
-from meshrl.algo.trainer import rollout_batch
+from meshrl.algo.iteration import rollout_batch
 from meshrl.config import load_config
 from meshrl.model import build_model
 from meshrl.algo.calls import Place, actor_train, generate_rows, ref_logprob_rows, score_rows

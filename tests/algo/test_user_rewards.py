@@ -91,15 +91,16 @@ def test_bad_recipe_values_name_the_key(override, key):
 def test_a_file_reward_equal_to_the_rule_trains_identically(tmp_path):
     """The demo's GRPO with reward.fn = a file's copy of exact_match gives the built-in rule's run,
     figure for figure (the file run adds reward/exact)."""
-    from meshrl.algo.trainer import train
     from meshrl.observe.metrics import deterministic_part
+    from meshrl.runtime.job import in_process
+    from meshrl.runtime.plans import resolve_plan
 
     f = tmp_path / "mine.py"
     f.write_text("def exact(prompt, response, answer, **row):\n"
                  "    return 1.0 if response.strip() == answer.strip() else 0.0\n")
     base = ["algo=grpo", "data.batch_size=8", "train.iterations=2", "sft.steps=20", "data.gen_len=6"]
-    runs = [train(load_config(None, base + extra), None, progress=False, log=lambda _: None, tensorboard=False).metrics
-            for extra in ([], [f"reward.fn={f}:exact"])]
+    cfgs = [load_config(None, base + extra) for extra in ([], [f"reward.fn={f}:exact"])]
+    runs = [in_process(c, resolve_plan(c, "colocated", 1)[0], None) for c in cfgs]  # `meshrl train`'s one rank
     for rule, mine in zip(*runs, strict=True):
         mine = deterministic_part(mine)
         assert mine.pop("reward/exact") == rule["reward/mean"]

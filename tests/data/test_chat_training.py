@@ -13,7 +13,8 @@ from test_chat import CHATML, _tokenizer_dir
 
 from meshrl.algo import setup
 from meshrl.algo.rollout import stop_token_id
-from meshrl.algo.trainer import train
+from meshrl.runtime.job import in_process
+from meshrl.runtime.plans import resolve_plan
 from meshrl.config import load_config
 from meshrl.errors import UserError
 
@@ -56,7 +57,7 @@ def test_a_grpo_iteration_on_chat_records(ckpt):
     path, _, data = ckpt
     cfg = load_config(None, ["algo=grpo", f"models.actor.path={path}", "data.chat_template=true", f"data.path={data}",
                              "data.prompt_len=24", "data.gen_len=4", "data.batch_size=2", "train.iterations=1"])
-    rec = train(cfg, None, progress=False, log=lambda _: None, tensorboard=False).metrics[0]
+    rec = in_process(cfg, resolve_plan(cfg, "colocated", 1)[0], None)[0]
     assert 0.0 <= rec["reward/mean"] <= 1.0 and rec["response/length"] > 0
 
 

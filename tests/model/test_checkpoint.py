@@ -132,7 +132,16 @@ def test_resave_replaces_old_shards(tmp_path):
 PUBLISHED = {  # total parameters of the released checkpoints
     "llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "codellama-34b": 33_743_970_304,
     "llama2-70b": 68_976_648_192, "qwen2.5-0.5b": 494_032_768, "qwen2.5-7b": 7_615_616_512,
+    "llama3.1-8b": 8_030_261_248, "qwen3-8b": 8_190_735_360, "qwen3-30b-a3b": 30_532_122_624,
+    "mixtral-8x7b": 46_702_792_704,
 }
+ACTIVE = {"qwen3-30b-a3b": 3.3e9, "mixtral-8x7b": 12.9e9}  # the model cards' "activated parameters"
+
+
+@pytest.mark.parametrize("name", list(ACTIVE))
+def test_moe_preset_active_parameters_match_the_model_cards(name):
+    from meshrl.model.config import active_params
+    assert abs(active_params(get_preset(name)) - ACTIVE[name]) / ACTIVE[name] < 0.02
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))

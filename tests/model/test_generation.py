@@ -109,16 +109,6 @@ def test_filters_keep_the_right_tokens():
     assert p.sum().item() == pytest.approx(2.0)
 
 
-def test_sampling_follows_the_distribution():
-    """With top-k = 2 over a 2:1 distribution, the empirical frequency is near 2/3 (seeded)."""
-    from meshrl.model.generation import sample
-    logits = torch.log(torch.tensor([[2.0, 1.0, 1e-9, 1e-9]])).expand(4000, 4).contiguous()
-    gens = [torch.Generator().manual_seed(s) for s in range(4000)]
-    toks = sample(logits, _sampling(top_k=2), gens)
-    assert set(toks.tolist()) <= {0, 1}
-    assert abs((toks == 0).float().mean().item() - 2 / 3) < 0.03
-
-
 @pytest.mark.parametrize("bad,match", [
     (dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=0.0), "temperature"),
     (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k"),
@@ -133,3 +123,37 @@ def test_bad_prompts_and_seeds(model):
         generate(model, [[1, 2], []], _sampling())
     with pytest.raises(UserError, match="seeds"):
         generate(model, PROMPTS, _sampling(), seeds=[1])
+
+
+def test_compaction_and_host_checks_change_nothing(model):
+    """Finished rows dropped early (compaction at every check) or never, host checks every step or
+    every 8: the same tokens, log-probs and masks. EOS is made frequent (the token this model samples
+    most) so that rows end at different steps and the batch does shrink."""
+    prompts = PROMPTS * 3
+    seeds = list(range(100, 112))
+    free = generate(model, prompts, _sampling(max_new_tokens=40, eos_token_id=None), seeds).responses
+    base = _sampling(max_new_tokens=40, eos_token_id=int(free.flatten().mode().values))
+    never = generate(model, prompts, GenerationConfig(**{**base.__dict__, "compact_below": 0.0}), seeds)
+    lens = never.response_mask.sum(1)
+    assert lens.min() < lens.max() and int((lens < 40).sum()) >= 6  # half end early: the batch shrinks
+    for sync_every, below in ((1, 0.99), (8, 0.5), (3, 0.9)):
+        cfg = GenerationConfig(**{**base.__dict__, "sync_every": sync_every, "compact_below": below})
+        got = generate(model, prompts, cfg, seeds)
+        assert torch.equal(got.responses, never.responses) and torch.equal(got.response_mask, never.response_mask)
+        assert torch.allclose(got.response_logprobs, never.response_logprobs, atol=1e-5)
+
+
+def test_compaction_shrinks_the_batch(model, monkeypatch):
+    """The decode step really runs on fewer rows once most have ended (the point of compaction)."""
+    import meshrl.model.generation as g
+    sizes = []
+    real = g.decode_one
+    monkeypatch.setattr(g, "decode_one", lambda m, tok, *a: sizes.append(tok.shape[0]) or real(m, tok, *a))
+    first = generate(model, PROMPTS, _sampling(greedy=True, eos_token_id=None, max_new_tokens=3)).responses
+    eos = int(first[0, 0])  # rows with prompt 0 end after their first token
+    prompts = [PROMPTS[0]] * 6 + [PROMPTS[1]] * 2
+    sizes.clear()
+    out = generate(model, prompts, _sampling(greedy=True, eos_token_id=eos, max_new_tokens=20, sync_every=2,
+                                              compact_below=0.5, compile=False))  # the spy sees eager steps
+    assert out.response_mask[:6].sum(1).tolist() == [1] * 6
+    assert sizes[0] == 8 and sizes[-1] == 2

@@ -31,14 +31,28 @@ def test_plan_prints_call_table_comparison_and_explanation(capsys, tmp_path):
 def test_plan_json_schema(capsys):
     assert main(["plan", *BASE, "--json", "--steps", "200"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data) == {"strategies", "search_s"} and data["search_s"] > 0
+    assert set(data) == {"strategies", "search_s", "off_policy"} and data["search_s"] > 0
     assert set(data["strategies"]) == set(NAMES)
+    # what train.off_policy=1 would change: every feasible strategy's plan priced with it
+    assert data["off_policy"]["train.off_policy"] == 0
+    other = data["off_policy"]["iteration_s_with_the_other"]
+    assert set(other) == {n for n, e in data["strategies"].items() if e["feasible"]}
+    assert all(other[n] <= data["strategies"][n]["iteration_s"] * (1 + 1e-9) for n in other)
     for entry in data["strategies"].values():
         assert set(entry) == {"iteration_s", "pflops", "peak_mem_gib", "feasible", "plan"}
         assert entry["iteration_s"] > 0 and entry["pflops"] > 0 and isinstance(entry["feasible"], bool)
         assert "calls" in entry["plan"]
     feasible = [e["iteration_s"] for n, e in data["strategies"].items() if e["feasible"] and n != "search"]
     assert data["strategies"]["search"]["iteration_s"] <= min(feasible) * (1 + 1e-9)
+
+
+def test_plan_reports_what_off_policy_would_save(capsys):
+    """The table run names the saving of one step off-policy; a plan option can no longer set it."""
+    assert main(["plan", *BASE, "--strategy", "disaggregated"]) == 0
+    out = capsys.readouterr().out
+    assert "train.off_policy=1" in out and "would save" in out
+    assert main(["plan", *BASE, "train.off_policy=1", "--strategy", "disaggregated"]) == 0
+    assert "saves" in capsys.readouterr().out
 
 
 def test_one_strategy(capsys):
@@ -185,3 +199,24 @@ def test_calibrate_refits_a_deliberately_bad_run_and_finds_a_better_plan(capsys,
             assert fit.problem.call_estimate(r.name, plan.calls[r.name]).time_s == pytest.approx(r.measured)
     assert main(["plan", "--calibrate", str(tmp_path / "nothing")]) != 0
     assert "config.yaml does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("actor,critic", [("qwen3-30b-a3b", "qwen3-8b"), ("mixtral-8x7b", "llama3.1-8b")])
+def test_moe_presets_plan_on_64_gpus(capsys, actor, critic):
+    """A PPO iteration with a MoE actor/ref on 8 x 8 H100s: every strategy, the search included, finds a
+    feasible plan; the estimator counts the active parameters for FLOPs and every expert for memory."""
+    from meshrl.model.config import active_params, num_params
+    from meshrl.model.presets import get_preset
+    from meshrl.plan.model_costs import model_costs
+
+    args = ["cluster.device=h100-80g", "cluster.devices_per_node=8", "cluster.nodes=8", f"models.actor={actor}",
+            f"models.ref={actor}", f"models.critic={critic}", f"models.reward={critic}", "data.prompt_len=256",
+            "data.gen_len=256", "data.batch_size=128"]
+    assert main(["plan", *args, "--json", "--steps", "300"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert all(e["feasible"] for e in data["strategies"].values())
+    cfg = get_preset(actor)
+    mc = model_costs(cfg)
+    assert mc.total_params == num_params(cfg)  # memory: all experts
+    embed = cfg.vocab_size * cfg.hidden_size
+    assert mc.matmul_flops_per_token() == pytest.approx(2 * (active_params(cfg) - embed), rel=1e-6)  # top-k only

@@ -51,12 +51,11 @@ def test_a_call_waits_for_its_parents_and_the_shadow_refresh():
     assert ev[("actor_gen", 1)].start >= refresh.end
 
 
-def test_async_generation_overlaps_training():
+def test_off_policy_generation_overlaps_training():
     sync = problem(*PPO_16)
-    asy = problem(*PPO_16, async_gen=1)
+    asy = problem(*PPO_16, off_policy=1)
     plan = disaggregated(sync)
     t_sync = simulate(sync, plan).iteration_s
-    plan.async_gen = 1
     tl = simulate(asy, plan)
     check_timeline(asy, tl)
     assert tl.iteration_s < t_sync

@@ -70,32 +70,22 @@ def _final_params(out: Path) -> dict[str, torch.Tensor]:
     return params
 
 
-def _async_plan(tmp: Path) -> str:
-    """The 2-rank disaggregated plan with async generation (iteration t+1 generated during t)."""
-    from meshrl.config import load_config
-    from meshrl.runtime.plans import resolve_plan
-
-    path = tmp / "async_plan.json"
-    if not path.exists():
-        path.write_text(resolve_plan(load_config(None, ARGS[:6]), "disaggregated", 2, async_gen=1)[0].to_json())
-    return str(path)
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("trial", range(int(os.environ.get("MESHRL_RESUME_TRIALS", "2"))))
 def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factory, trial, mode):
-    """``async``: the checkpoint after iteration t also holds the batch of t+1 generated during t
-    (from weights one update old); resume must use it, not generate it again."""
+    """``async`` (train.off_policy=1): the checkpoint after iteration t also holds the batch of t+1
+    generated during t (from weights one update old); resume must use it, not generate it again."""
     base = tmp_path_factory.getbasetemp()
-    plan = _async_plan(base) if mode == "async" else "disaggregated"
+    plan = "disaggregated"
+    cfg = ["train.off_policy=1"] if mode == "async" else []
     ref_dir = base / f"uninterrupted-{mode}"
     if not ref_dir.exists():
-        proc = _start(ref_dir, [], {}, plan)
+        proc = _start(ref_dir, cfg, {}, plan)
         assert proc.wait(timeout=600) == 0, proc.stdout.read()
     want = _final_params(ref_dir)
     out = tmp_path_factory.mktemp(f"killed-{mode}{trial}")
     tag = f"MESHRL_TEST_{uuid.uuid4().hex}"
-    proc = _start(out, [], {tag: "1"}, plan)
+    proc = _start(out, cfg, {tag: "1"}, plan)
     # Every fifth trial is killed at a random moment of start-up (no checkpoint yet: start again);
     # the others at a random moment of what follows the first checkpoint: iterations 1 and 2 as long
     # as the uninterrupted run's (mid-iteration, mid-save; async: with a batch generated ahead) and
@@ -119,7 +109,7 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
     meta = json.loads((out / done[-1] / "meta.json").read_text()) if done else {}
     print(f"{mode} trial {trial}: SIGKILL after {delay:.1f} s; newest checkpoint: {done[-1] if done else 'none'}"
           f"{' (with iteration %d generated ahead)' % meta['ahead'] if meta.get('ahead') else ''}")
-    proc = _start(out, ["--resume"], {}, plan)  # the same command + --resume, whenever it was killed
+    proc = _start(out, cfg + ["--resume"], {}, plan)  # the same command + --resume, whenever it was killed
     text, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, text
     assert ("starts from the beginning" in text) == (not done), text

@@ -1,14 +1,14 @@
-"""SFT, reward-model and DPO training under the multi-rank runtime give the single-process
-trainer's numbers.
+"""SFT, reward-model and DPO training under the multi-rank runtime give the one-process oracle's
+numbers (tests/runtime/oracle.py: the calls on plain modules, no runtime).
 
 On 2 gloo ranks, 2 iterations of each algorithm under the colocated plan and one other (SFT:
 heuristic, tp=2; RM: a hand-made dp=2 plan with 2 micro-batches, so that pairs are split across
 replicas and ZeRO shards the score head's faster learning rate; DPO: interleaved, the reference on
 one rank and the actor on the other, so ref_inf's outputs are transferred) agree with
-``meshrl.algo.trainer.train`` on every figure the runtime reports (sft/*, rm/*, dpo/*: loss,
-accuracy, margin, grad_norm) to a relative difference of 1e-5, taken against
-max(|a|, |b|, 0.1) as in test_plans_equal.py. The trainer's evaluation figures (reward/mean of a
-sampled answer, rm/heldout_accuracy) are its own, not computed by the runtime.
+the oracle on every figure of its calls (sft/*, rm/*, dpo/*: loss, accuracy, margin, grad_norm)
+to a relative difference of 1e-5, taken against max(|a|, |b|, 0.1) as in test_plans_equal.py. The
+runtime adds its evaluations (meshrl/algo/evaluate.py: reward/mean of a sampled answer for sft and
+dpo, rm/heldout_accuracy), equal under both plans.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from meshrl.algo.setup import role_lr
-from meshrl.algo.trainer import train
 from meshrl.config import load_config
 from meshrl.errors import UserError
 from meshrl.observe.metrics import deterministic_part
@@ -28,11 +27,12 @@ from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
 from meshrl.runtime.launch import RankPool
 from meshrl.runtime.plans import check_plan, resolve_plan
 from meshrl.runtime.run import rank_main
+from oracle import one_process_run
 
 WORLD, RTOL, FLOOR = 2, 1e-5, 0.1
 COMMON = ["data.batch_size=8", "data.gen_len=6", "train.iterations=2", "sft.steps=5", "sft.batch_size=8",
           "ppo.micro_batches=2"]
-# the trainer's own evaluation figures: a sampled answer's reward (sft, dpo), held-out pairs (rm)
+# the runtime's evaluations: a sampled answer's reward (sft, dpo), held-out pairs (rm)
 EVAL = {"sft": ("reward/mean",), "dpo": ("reward/mean",), "rm": ("rm/heldout_accuracy",)}
 
 
@@ -57,9 +57,10 @@ def pool():
 def test_offline_algorithms_give_the_single_process_metrics(algo, pool, tmp_path):
     cfg = load_config(None, [f"algo={algo}"] + COMMON)
     torch.set_num_threads(1)
-    want = train(cfg, tmp_path / "one", progress=False, log=lambda _: None, tensorboard=False).metrics
+    want, models = one_process_run(cfg)
     plans = {"colocated": resolve_plan(cfg, "colocated", WORLD)[0], "other": other_plan(cfg)}
     assert plans["other"].calls != plans["colocated"].calls
+    evals = []
     for name, plan in plans.items():
         out = str(tmp_path / name) if name == "other" else None  # one exported model per algorithm
         got = pool.run(rank_main, cfg, plan, out, quiet=True)[0]
@@ -67,20 +68,25 @@ def test_offline_algorithms_give_the_single_process_metrics(algo, pool, tmp_path
         worst, where = 0.0, ""
         for a, b in zip(want, got, strict=True):
             a, b = deterministic_part(a), deterministic_part(b)
-            assert set(a) - set(EVAL[algo]) == set(b), f"{name}: keys differ: {set(a) ^ set(b)}"
-            for k in b:
+            assert set(b) - set(a) == set(EVAL[algo]), f"{name}: keys differ: {set(a) ^ set(b)}"
+            evals.append({k: b[k] for k in EVAL[algo]})
+            for k in a:
                 d = abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), FLOOR)
                 worst, where = (d, f"{k} at iteration {a['iteration']}") if d > worst else (worst, where)
                 assert d <= RTOL, f"{algo}/{plan.strategy} iteration {a['iteration']}: {k} {a[k]} vs {b[k]}"
         print(f"{algo} {plan.strategy}: worst scaled diff {worst:.1e} ({where})")
+    n = len(want)
+    for e0, e1 in zip(evals[:n], evals[n:], strict=True):  # the evaluations agree under both plans
+        assert all(abs(e0[k] - e1[k]) <= 1e-6 for k in e0), (e0, e1)
     lr, scales = role_lr(cfg, "reward" if algo == "rm" else "actor")
-    check_exported(algo, tmp_path / "one", tmp_path / "other", lr * max([s for _, s in scales] + [1.0]),
+    trained = models["reward" if algo == "rm" else "actor"]
+    check_exported(algo, trained, tmp_path / "other", lr * max([s for _, s in scales] + [1.0]),
                    cfg.train.iterations)
 
 
-def check_exported(algo: str, one: Path, runtime: Path, lr: float, steps: int) -> None:
-    """The runtime exports the trained model where the trainer does (reward/ for rm, else actor/), as
-    an HF checkpoint of the same kind, with the same weights up to reduction order. Not to 1e-5
+def check_exported(algo: str, one: torch.nn.Module, runtime: Path, lr: float, steps: int) -> None:
+    """The runtime exports the trained model (reward/ for rm, else actor/) as an HF checkpoint of the
+    same kind, with the oracle's weights up to reduction order. Not to 1e-5
     everywhere: Adam's 1/sqrt(v) turns float noise in a near-zero gradient into a step of up to lr,
     so a few elements may differ by up to lr per step (measured: sft 201 of 1.18M elements above 1e-6,
     worst 5.7e-5 at lr 2e-3; rm, whose first gradients are tiny, 3109 of 1.15M, worst 6.6e-5); a
@@ -89,12 +95,12 @@ def check_exported(algo: str, one: Path, runtime: Path, lr: float, steps: int) -
 
     name = "reward" if algo == "rm" else "actor"
     assert not (runtime / ("actor" if algo == "rm" else "reward")).exists()
-    a = load_pretrained(one / name, value_head=algo == "rm").state_dict()
+    a = one.state_dict()
     b = load_pretrained(runtime / name, value_head=algo == "rm").state_dict()
     assert set(a) == set(b)
     diff = torch.cat([(a[k] - b[k]).abs().flatten() for k in a])
     off = int((diff > 1e-6).sum())
-    print(f"{algo}: exported {name} vs the trainer's: {off} of {diff.numel()} elements differ by > 1e-6, "
+    print(f"{algo}: exported {name} vs the oracle's: {off} of {diff.numel()} elements differ by > 1e-6, "
           f"worst {float(diff.max()):.1e}")
     assert off <= diff.numel() // 100 and float(diff.max()) <= 2 * lr * steps, (off, float(diff.max()))
 
@@ -136,7 +142,7 @@ def test_pair_calls_are_invariant_to_micro_batches(algo):
 
     from meshrl.algo import setup
     from meshrl.algo.common import CallContext
-    from meshrl.algo.trainer import dataset, iteration_batch
+    from meshrl.algo.iteration import dataset, iteration_batch
     from meshrl.model import build_model
     from meshrl.algo.calls import Place
     from meshrl.algo.calls_offline import OFFLINE_CALLS, ref_pair_rows

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from meshrl.algo.lr_schedule import lr_factor
-from meshrl.algo.trainer import train
 from meshrl.config import load_config
 from meshrl.runtime.launch import RankPool
 from meshrl.runtime.plans import resolve_plan
 from meshrl.runtime.run import rank_main
+from oracle import one_process_metrics
 from runtime_util import WORLD, random_plan
 from test_plans_equal import assert_same
 
@@ -73,7 +73,7 @@ def _random_tp_pp_plan(cfg):
 def test_recipe_options_are_plan_invariant(algo, files, pool):
     cfg = config(algo, files)
     torch.set_num_threads(1)
-    want = train(cfg, None, progress=False, log=lambda _: None, tensorboard=False).metrics
+    want = one_process_metrics(cfg)
     plans = {"heuristic": resolve_plan(cfg, "heuristic", WORLD)[0], "random": _random_tp_pp_plan(cfg)}
     for name, plan in plans.items():
         got = pool.run(rank_main, cfg, plan, None, quiet=True)[0]

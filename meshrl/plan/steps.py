@@ -1,9 +1,10 @@
 """The global order of steps of a run: calls, reallocations and data transfers (pure, no torch).
 
-Every rank computes the same list from the Graph and the ExecutionPlan and does the steps whose
-ranks include it; because all ranks meet the communication steps in one order, nothing deadlocks
-and calls on disjoint meshes run at the same time. The rules are the simulator's
-(meshrl/plan/simulator.py ``build_events``), which adds costs to the same order:
+This is the one definition of the order. The runtime walks it (meshrl/runtime/engine.py): every
+rank computes the same list from the Graph and the ExecutionPlan and does the steps whose ranks
+include it; because all ranks meet the communication steps in one order, nothing deadlocks and
+calls on disjoint meshes run at the same time. The simulator prices it (meshrl/plan/simulator.py
+``build_events`` adds durations and dependencies to exactly these steps). The rules:
 
 - a trained role's *home* is its train call's placement (it holds the optimizer state); a frozen
   role's home is its first call's placement. Any other call of the role whose placement differs
@@ -12,13 +13,14 @@ and calls on disjoint meshes run at the same time. The rules are the simulator's
 - a call's outputs stay on its ranks (one holder per data-parallel replica); ``transfer`` steps
   right after the call move them to every consumer's ranks that do not have them yet, so the
   producer's ranks go on with their next call while the consumers' are busy elsewhere (with
-  ``async_gen=1`` a generation's outputs are handed on at the start of their iteration, before the
+  ``off_policy=1`` a generation's outputs are handed on at the start of their iteration, before the
   same ranks generate the next one);
-- with ``async_gen=1`` the generation calls of iteration t+1 come before the rest of iteration t,
-  so generation overlaps training and reads weights one update old (one step off-policy).
+- with ``off_policy=1`` (the config's ``train.off_policy``: the algorithm's choice, not the plan's)
+  the generation calls of iteration t+1 come before the rest of iteration t, so generation overlaps
+  training and reads weights one update old (one step off-policy).
 
-The simulator's ``build_events`` is bound to cost estimates (a Problem), so the pure order lives
-here; both follow the same rules and the tests compare their step names, transfers included.
+A call the plan lacks (the search prices partial plans) is a step on no ranks, and the
+reallocations and transfers that would touch it are left out.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..algo.graph import Call, Graph
-from ..plan.execution_plan import ExecutionPlan
+from .execution_plan import ExecutionPlan
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,9 @@ def home_calls(graph: Graph) -> dict[str, str]:
 
 def _transfer(plan: ExecutionPlan, p: str, c: Call, t: int, have: dict[tuple[str, int], set[int]]) -> list[Step]:
     """The step that brings p's outputs of iteration t to the ranks of c that lack them (none if all have)."""
-    have_p = have[(p, t)]
+    if p not in plan.calls or c.name not in plan.calls:
+        return []
+    have_p = have.setdefault((p, t), set())
     receivers = tuple(r for r in plan.calls[c.name].mesh.ranks if r not in have_p)
     if not receivers:
         return []
@@ -96,10 +100,13 @@ def _hand_on(graph: Graph, plan: ExecutionPlan, p: str, t: int, have: dict[tuple
 
 def _call_steps(graph: Graph, plan: ExecutionPlan, c: Call, t: int, homes: dict[str, str],
                 have: dict[tuple[str, int], set[int]], hand_on: bool = True) -> list[Step]:
-    cp = plan.calls[c.name]
+    cp = plan.calls.get(c.name)
     out: list[Step] = []
-    home = plan.calls[homes[c.role]]
-    if homes[c.role] != c.name and home.placement != cp.placement:
+    if cp is None:  # a call the partial plan lacks: no ranks, nothing moves to or from it
+        have[(c.name, t)] = set()
+        return [Step("call", t, c.name, (), role=c.role)]
+    home = plan.calls.get(homes[c.role])
+    if home is not None and homes[c.role] != c.name and home.placement != cp.placement:
         ranks = tuple(sorted(set(home.mesh.ranks) | set(cp.mesh.ranks)))
         out.append(Step("realloc", t, c.name, ranks, role=c.role))
     for p in graph.parents(c.name):  # inputs handed on earlier need no step here
@@ -109,19 +116,20 @@ def _call_steps(graph: Graph, plan: ExecutionPlan, c: Call, t: int, homes: dict[
     return out + (_hand_on(graph, plan, c.name, t, have) if hand_on else [])
 
 
-def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, ahead: bool = False) -> list[Step]:
+def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, off_policy: int = 0, ahead: bool = False
+          ) -> list[Step]:
     """The global order of steps of iterations ``start`` .. ``stop - 1`` (see the module doc).
 
-    ``ahead`` (async only): the generation of iteration ``start`` already ran before a checkpoint
+    ``ahead`` (off_policy only): the generation of iteration ``start`` already ran before a checkpoint
     and its outputs were restored from it, so its steps are left out (resume skips them)."""
-    if ahead and not plan.async_gen:
-        raise ValueError("ahead: only an async plan generates an iteration ahead")
+    if ahead and not off_policy:
+        raise ValueError("ahead: only an off-policy run generates an iteration ahead")
     homes = home_calls(graph)
     have: dict[tuple[str, int], set[int]] = {}
     gen = _first_generations(graph)
     rest = [c for c in graph.calls if c not in gen]
     out: list[Step] = []
-    async_gen = bool(plan.async_gen)
+    async_gen = bool(off_policy)
     if async_gen and start < stop:
         for c in gen:
             first = _call_steps(graph, plan, c, start, homes, have, hand_on=False)  # marks who holds its outputs
@@ -143,10 +151,10 @@ def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, ahead: bool 
     return out
 
 
-def generated_ahead(graph: Graph, plan: ExecutionPlan, t: int, stop: int) -> list[str]:
-    """The calls of iteration t+1 that ran before the end of iteration t (async: the parentless
+def generated_ahead(graph: Graph, off_policy: int, t: int, stop: int) -> list[str]:
+    """The calls of iteration t+1 that ran before the end of iteration t (off-policy: the parentless
     generation calls, unless t is the last iteration); their outputs are part of t's checkpoint."""
-    return [c.name for c in _first_generations(graph)] if plan.async_gen and t + 1 < stop else []
+    return [c.name for c in _first_generations(graph)] if off_policy and t + 1 < stop else []
 
 
 def _first_generations(graph: Graph) -> list[Call]:

@@ -1,5 +1,7 @@
-"""The global step order (pure): same calls and reallocations as the simulator, every input delivered
-before its call, async generation one iteration ahead."""
+"""The global step order (meshrl/plan/steps.py, pure): the one list the runtime walks and the
+simulator prices. Every input is delivered before its call, outputs are handed on at once, the
+shadow actor is refreshed, off-policy generation runs one iteration ahead, resume skips what a
+checkpoint holds."""
 
 from __future__ import annotations
 
@@ -8,31 +10,16 @@ import pytest
 from meshrl.algo.graph import graph_for
 from meshrl.config import load_config
 from meshrl.plan.problem import problem_from_config
-from meshrl.plan.simulator import build_events
 from meshrl.plan.strategies import build
-from meshrl.runtime.schedule import steps
+from meshrl.plan.steps import steps
 
-from runtime_util import random_plan
+from runtime.runtime_util import random_plan
 
 
-def _problem(algo: str, async_gen: int = 0):
+def _problem(algo: str, off_policy: int = 0):
     cfg = load_config(None, [f"algo={algo}", "cluster.devices_per_node=4", "cluster.device=a100-80g",
                              "data.batch_size=8"] + (["data.samples_per_prompt=2"] if algo == "grpo" else []))
-    return cfg, problem_from_config(cfg, async_gen=async_gen)
-
-
-@pytest.mark.parametrize("async_gen", [0, 1])
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
-@pytest.mark.parametrize("strategy", ["colocated", "interleaved", "disaggregated", "heuristic"])
-def test_steps_in_the_simulators_order(algo, strategy, async_gen):
-    """The same global order as the simulator's, transfers included (the simulator leaves out the
-    transfers it prices at zero; the runtime still runs them, at the same place in the order)."""
-    _, problem = _problem(algo, async_gen)
-    plan = build(problem, strategy)
-    sim = [(e.name, e.iteration) for e in build_events(problem, plan, 3)]
-    ours = [(s.name, s.iteration) for s in steps(problem.graph, plan, 0, 3)]
-    assert [x for x in ours if x in set(sim)] == sim
-    assert strategy in ("colocated", "heuristic") or any(k.startswith("transfer") for k, _ in sim)
+    return cfg, problem_from_config(cfg, off_policy=off_policy)
 
 
 def test_outputs_are_handed_on_at_once():
@@ -55,9 +42,9 @@ def test_disaggregated_refreshes_the_shadow_actor_every_iteration():
 
 
 def test_async_generation_runs_one_iteration_ahead():
-    _, problem = _problem("ppo", async_gen=1)
+    _, problem = _problem("ppo", off_policy=1)
     plan = build(problem, "disaggregated")
-    names = [(s.name, s.iteration) for s in steps(problem.graph, plan, 0, 3)]
+    names = [(s.name, s.iteration) for s in steps(problem.graph, plan, 0, 3, off_policy=1)]
     assert names.index(("actor_gen", 1)) < names.index(("actor_train", 0))
     assert names.index(("actor_gen", 2)) < names.index(("actor_train", 1))
     assert ("actor_gen", 3) not in names
@@ -66,14 +53,14 @@ def test_async_generation_runs_one_iteration_ahead():
 def test_resume_after_an_async_checkpoint_skips_the_generation_made_ahead():
     """Resuming at iteration 1 from the checkpoint of 0 (which holds iteration 1's batch): the run
     continues with exactly the steps the uninterrupted run had after the end of iteration 0."""
-    _, problem = _problem("ppo", async_gen=1)
+    _, problem = _problem("ppo", off_policy=1)
     plan = build(problem, "disaggregated")
-    whole = steps(problem.graph, plan, 0, 3)
+    whole = steps(problem.graph, plan, 0, 3, 1)
     after = whole[whole.index(next(s for s in whole if s.kind == "end" and s.iteration == 0)) + 1:]
-    assert steps(problem.graph, plan, 1, 3, ahead=True) == after
-    assert steps(problem.graph, plan, 1, 3)[:2] != after[:2]  # without ahead it generates 1 again
-    with pytest.raises(ValueError, match="only an async plan"):
-        steps(problem.graph, build(_problem("ppo")[1], "disaggregated"), 1, 3, ahead=True)
+    assert steps(problem.graph, plan, 1, 3, 1, ahead=True) == after
+    assert steps(problem.graph, plan, 1, 3, 1)[:2] != after[:2]  # without ahead it generates 1 again
+    with pytest.raises(ValueError, match="only an off-policy run"):
+        steps(problem.graph, plan, 1, 3, 0, ahead=True)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])

@@ -1,0 +1,16 @@
+"""``train.dtype``: the parameter / activation / gradient dtype of a run (see ZeroAdamW for the fp32
+master weights). ``auto`` is bfloat16 where the ranks compute on CUDA and float32 on a CPU."""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(name: str, cuda: bool | None = None) -> torch.dtype:
+    """``train.dtype`` -> a torch dtype; ``cuda`` (default: whether CUDA is available) decides auto."""
+    if name == "auto":
+        cuda = torch.cuda.is_available() if cuda is None else cuda
+        return torch.bfloat16 if cuda else torch.float32
+    return DTYPES[name]

@@ -1,0 +1,67 @@
+"""Slice loaders (meshrl/parallel/load.py) against the whole-model builders they replace: every
+shard of every role equals the same slice of what ``setup.build_roles`` builds whole, for presets
+and for checkpoints on disk (independent path: build_model / load_pretrained)."""
+
+import pytest
+import torch
+
+from meshrl.algo import setup
+from meshrl.config import load_config
+from meshrl.layout.mesh import Placement
+from meshrl.layout.shardmap import shard_map
+from meshrl.model.checkpoint import build_model, load_pretrained
+from meshrl.parallel.load import InitLoader, SafetensorsLoader
+from meshrl.runtime.roles import initial_states
+
+PL = Placement.parse("dp1tp2pp2@0-3")  # 2-way tensor slices and stage splits
+
+
+def _check_all_shards(loader, model: torch.nn.Module, value_head: bool) -> int:
+    """Every slice every rank of PL would load equals the whole model's; returns the count."""
+    full, sm, n = model.state_dict(), shard_map(model.config, PL, value_head), 0
+    for rank in PL.mesh.ranks:
+        for name, sl in sm.params_of(rank).items():
+            want = full[name][tuple(slice(a, b) for a, b in sl)]
+            got = loader(name, sl)
+            assert got.dtype == want.dtype and torch.equal(got, want), (rank, name)
+            n += 1
+    return n
+
+
+def test_init_loader_equals_build_model_without_building_it():
+    model = build_model("tiny", seed=7)
+    loader = InitLoader("tiny", 7)
+    assert _check_all_shards(loader, model, False) > 20
+    v = build_model("tiny", seed=9, value_head=True)
+    _check_all_shards(InitLoader("tiny", 9, value_head=True), v, True)
+    bf = InitLoader("tiny", 7, dtype=torch.bfloat16)("lm_head.weight", ((0, 4), (0, 128)))
+    assert torch.equal(bf, model.lm_head.weight[:4].to(torch.bfloat16))
+
+
+def test_safetensors_loader_reads_slices_like_load_pretrained(tmp_path):
+    build_model("tiny", seed=1).save_pretrained(tmp_path / "lm")
+    _check_all_shards(SafetensorsLoader(tmp_path / "lm"), load_pretrained(tmp_path / "lm"), False)
+    v = load_pretrained(tmp_path / "lm", value_head=True, seed=4)  # fresh score from a causal LM
+    _check_all_shards(SafetensorsLoader(tmp_path / "lm", value_head=True, seed=4), v, True)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "rm"])
+@pytest.mark.parametrize("paths", [False, True])
+def test_initial_states_equal_the_whole_models_of_setup(algo, paths, tmp_path):
+    over = [f"algo={algo}", "sft.warmup=false", "train.seed=3"]
+    if paths:
+        build_model("tiny", seed=11).save_pretrained(tmp_path / "a")
+        build_model("tiny", seed=12, value_head=True).save_pretrained(tmp_path / "r")
+        over += [f"models.actor.path={tmp_path / 'a'}", f"models.ref.path={tmp_path / 'a'}",
+                 f"models.critic.path={tmp_path / 'a'}"] + ([f"models.reward.path={tmp_path / 'r'}"]
+                                                            if algo == "rm" else [])
+    cfg = load_config(None, over)
+    whole = setup.build_roles(cfg, setup.load_policy(cfg, cfg.train.seed))
+    states = initial_states(cfg, None, print, warm=False)
+    assert set(states) == set(whole)
+    for role, r in whole.items():
+        mcfg, loader = states[role]
+        if r.model is None:
+            assert loader is None
+            continue
+        _check_all_shards(loader, r.model, role in ("critic", "reward"))

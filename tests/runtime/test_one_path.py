@@ -1,0 +1,67 @@
+"""One path: `meshrl train` without --nprocs is the runtime on one rank, in this process. It writes
+every output (plan, trace, checkpoint, TensorBoard events, the HF model), `--resume` continues it
+and may raise train.iterations, and its metrics equal `--nprocs 2 --plan colocated` on the same
+config up to reduction order (relative 1e-5 against max(|a|, |b|, 0.1), as test_plans_equal.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshrl.cli import main
+from meshrl.observe.metrics import deterministic_part, read_metrics
+
+# small, not degenerate: a warm-up and a dense reward give advantages that carry signal
+ITEMS = ["data.batch_size=8", "data.gen_len=6", "sft.steps=30", "sft.batch_size=16",
+         "reward.rule=numeric_distance", "ppo.mini_batches=2"]
+RTOL, FLOOR = 1e-5, 0.1
+
+
+def test_one_rank_writes_everything_resumes_and_equals_two_ranks(tmp_path, capsys):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["train", *ITEMS, "train.iterations=4", "--out", str(one), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "on 1 rank" in printed and "plan:" not in printed  # the demo's console: one rank, nothing to choose
+    assert json.loads((one / "plan.json").read_text())["calls"]["actor_train"]["mesh"] == "0"
+    assert json.loads((one / "trace.json").read_text())["traceEvents"]
+    assert (one / "ckpt-000003" / "meta.json").is_file()
+    assert len(list((one / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert (one / "actor" / "model.safetensors").is_file()
+    assert not list(one.glob("ckpt-00000[0-2]"))  # older checkpoints are replaced
+
+    # the same command + --resume, with more iterations
+    assert main(["train", *ITEMS, "train.iterations=6", "--out", str(one), "--no-progress", "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "resuming from" in printed and "it   4" in printed and "it   0" not in printed
+    assert (one / "ckpt-000005" / "meta.json").is_file()
+    assert len(list((one / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert main(["train", *ITEMS, "train.iterations=6", "--out", str(one), "--resume"]) == 2  # nothing to do
+    assert "raise train.iterations" in capsys.readouterr().err
+
+    assert main(["train", *ITEMS, "train.iterations=6", "--nprocs", "2", "--plan", "colocated",
+                 "--out", str(two), "--no-progress"]) == 0
+    a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [r["iteration"] for r in a] == [r["iteration"] for r in b] == list(range(6))
+    assert json.loads((two / "plan.json").read_text())["calls"] != json.loads((one / "plan.json").read_text())["calls"]
+    for ra, rb in zip(a, b, strict=True):
+        da, db = deterministic_part(ra), deterministic_part(rb)
+        assert sorted(da) == sorted(db)
+        for k in da:
+            d = abs(da[k] - db[k]) / max(abs(da[k]), abs(db[k]), FLOOR)
+            assert d <= RTOL, f"iteration {ra['iteration']}: {k} {da[k]} vs {db[k]}"
+    assert "perf/tokens_per_s" in a[0] and "time/iteration" in a[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nprocs", "0"], "--nprocs must be >= 1"),
+    (["--nprocs", "-2"], "--nprocs must be >= 1"),
+    (["--plan", " "], "unknown strategy"),
+    (["--plan", "x.json"], "plan file not found"),
+])
+def test_bad_launch_input_is_refused_before_anything_runs(tmp_path, capsys, argv, message):
+    out = tmp_path / "o"
+    assert main(["train", "train.iterations=1", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (out / "metrics.jsonl").exists()
