@@ -19,6 +19,13 @@ def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 def validate_recipes(cfg) -> None:
     p, o = cfg.ppo, cfg.optim
+    import math
+
+    for key, v in (("ppo.clip_high", p.clip_high), ("ppo.dual_clip", p.dual_clip),
+                   ("optim.min_lr_ratio", o.min_lr_ratio),
+                   ("reward.overlong_penalty", cfg.reward.overlong_penalty), ("eval.correct", cfg.eval.correct)):
+        if v is not None and not math.isfinite(v):
+            raise UserError(f"{key} must be a finite number, got {v}")
     _one_of("ppo.loss_agg", p.loss_agg, LOSS_AGGS)
     _one_of("ppo.ratio", p.ratio, RATIOS)
     _one_of("optim.schedule", o.schedule, SCHEDULES)
