@@ -75,8 +75,8 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
     (out / "plan.json").write_text(plan.to_json())
     if not quiet and (world > 1 or plan_spec != "colocated"):  # one rank by default: nothing to choose
         print(plan_table(plan, cfg.train.off_policy) + (f"\n{note}" if note else ""))
-        if start:
-            print(f"resuming from {latest_checkpoint(out)} at iteration {start}")
+    if not quiet and start:
+        print(f"resuming from {latest_checkpoint(out)} at iteration {start}")
     return plan, start
 
 
