@@ -45,7 +45,6 @@ from .objectives import critic_free_advantages, kl_settings, ppo_advantages
 from .registry import SEQ_KEYS
 from .rollout import generation_config, pack_generation
 from .scoring import function_scores, train_records, with_overlong
-from ..parallel import comm
 
 
 @dataclass
@@ -57,7 +56,7 @@ class Place:
     dp_size: int = 1
     micro_batches: int = 1
     holds_output: bool = True
-    dp_group: object = None
+    sum_replicas: Callable[[list[float]], list[float]] | None = None
 
 
 def _prompt_len(batch: Batch) -> int:
@@ -110,8 +109,8 @@ def value_rows(h: ModelHandle, part: Batch, ctx: CallContext, place: Place) -> B
 def reduce_stats(stats: StatSum, place: Place) -> dict[str, float]:
     """Sum the replicas' stats (each already divided by the whole mini-batch's count)."""
     names = sorted(stats.sums)
-    if place.dp_group is not None and names:
-        sums = comm.reduce_floats([stats.sums[n] for n in names], place.dp_group)  # float64: control plane
+    if place.sum_replicas is not None and names:
+        sums = place.sum_replicas([stats.sums[n] for n in names])  # float64: control plane
         return dict(zip(names, sums, strict=True))
     return dict(stats.sums)
 

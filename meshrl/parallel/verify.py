@@ -223,8 +223,11 @@ def _run_one(probe: Probe, placement: Placement, cache: GroupCache, micro_batche
         if logits is not None:
             res["logits"] = rel_diff(logits, _rows(ref["logits"], dp_n, d)[..., t * vocab:(t + 1) * vocab])
             lp, ent = pm.logprobs(ids, mask, m, entropy=True)
-            res["logprobs"] = max(rel_diff(lp, _rows(ref["logprobs"], dp_n, d)),
-                                  rel_diff(ent, _rows(ref["entropy"], dp_n, d)))
+            # compared where both the token and the one before it are real: the runtime trims
+            # left-padding columns no row of the replica uses (their figures are 0, not the oracle's)
+            real = (mask[:, 1:] * mask[:, :-1]).to(lp.dtype)
+            res["logprobs"] = max(rel_diff(lp * real, _rows(ref["logprobs"], dp_n, d) * real),
+                                  rel_diff(ent * real, _rows(ref["entropy"], dp_n, d) * real))
         else:
             pm.logprobs(ids, mask, m, entropy=True)  # the other stages take part in the pipeline
     loss_fn = functools.partial(token_loss, n_tokens=float(batch["loss_mask"].sum()))

@@ -185,7 +185,7 @@ class Engine:
         dp_i, _, pp_i = pl.coords_of(self.rank)
         place = Place(dp_i, pl.layout.dp, self.plan.calls[call.name].micro_batches,
                       holds_output=pp_i == pl.layout.pp - 1,
-                      dp_group=h.groups.dp.group if h is not None else None)
+                      sum_replicas=_sum_over(h.groups.dp.group) if h is not None else None)
         ctx = CallContext(self.cfg, t, self.tok)
         batch = self._batch(t).only(tensor_keys(call.inputs))
         fn = implementation(call, self.cfg.algo)
@@ -259,3 +259,10 @@ class Engine:
         out: list[RankLog] | None = [RankLog()] * dist.get_world_size() if self.rank == 0 else None
         comm.gather_object(mine, out, 0, comm.control(None))
         return out
+
+
+def _sum_over(group) -> Callable[[list[float]], list[float]] | None:
+    """The replicas' float64 stats summed over ``group``'s control twin (None: nothing to sum over)."""
+    if group is None:
+        return None
+    return lambda values: comm.reduce_floats(values, group)

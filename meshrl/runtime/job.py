@@ -68,9 +68,9 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
         if saved.to_dict()["calls"] != plan.to_dict()["calls"]:
             plan = saved  # resume under the plan the checkpoint was written with (off-policy: its batch ahead)
         start = int(ck.name.split("-")[1]) + 1
-        if start >= cfg.train.iterations:
-            raise UserError(f"--resume: {out} already holds all {start} iterations; raise train.iterations "
-                            f"(e.g. train.iterations={start + 2}) to train on")
+        if start >= cfg.train.iterations and not quiet:
+            # a job killed after its last checkpoint: the same command + --resume ends as it would have
+            print(f"--resume: {out} already holds all {start} iterations (raise train.iterations to train on)")
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(plan.to_json())
     if not quiet and (world > 1 or plan_spec != "colocated"):  # one rank by default: nothing to choose

@@ -25,14 +25,17 @@ def models(draw):
     head_dim = draw(st.sampled_from([2, 4]))
     family = draw(st.sampled_from(["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]))
     moe = {}
+    inter = 12 * draw(st.integers(1, 2))
     if family in ("qwen3_moe", "mixtral"):  # experts: whole tensors over tp; some layers dense
+        # Mixtral's experts are intermediate_size wide (its config has no separate expert width)
+        width = inter if family == "mixtral" else draw(st.sampled_from([4, 6]))
         moe = dict(num_experts=draw(st.sampled_from([2, 3, 4, 6, 12])), num_experts_per_tok=1,
-                   moe_intermediate_size=draw(st.sampled_from([4, 6])))
+                   moe_intermediate_size=width)
         if family == "qwen3_moe":
             moe.update(decoder_sparse_step=draw(st.integers(1, 2)),
                        mlp_only_layers=tuple(draw(st.sets(st.integers(0, 4), max_size=2))))
     return ModelConfig(vocab_size=12 * draw(st.integers(1, 3)), hidden_size=draw(st.sampled_from([6, 8, 12])),
-                       intermediate_size=12 * draw(st.integers(1, 2)),
+                       intermediate_size=inter,
                        num_hidden_layers=draw(st.integers(1, 5)),
                        num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
                        tie_word_embeddings=draw(st.booleans()), attention_bias=family == "qwen2",
