@@ -14,7 +14,9 @@ import json
 import pytest
 
 from meshrl.cli import main
+from meshrl.config import load_config
 from meshrl.observe.metrics import deterministic_part, read_metrics
+from oracle import one_process_metrics
 
 # small, not degenerate: a warm-up and a dense reward give advantages that carry signal
 ITEMS = ["data.batch_size=8", "data.gen_len=6", "sft.steps=30", "sft.batch_size=16",
@@ -56,6 +58,24 @@ def test_one_rank_writes_everything_resumes_and_equals_two_ranks(tmp_path, capsy
             d = abs(da[k] - db[k]) / max(abs(da[k]), abs(db[k]), FLOOR)
             assert d <= RTOL, f"iteration {ra['iteration']}: {k} {da[k]} vs {db[k]}"
     assert "perf/tokens_per_s" in a[0] and "time/iteration" in a[0]
+
+
+def test_a_run_from_a_checkpoint_equals_the_one_process_calls(tmp_path):
+    """PPO from a checkpoint directory (actor, ref and critic all read from it): the one-rank runtime
+    gives the oracle's metrics (tests/runtime/oracle.py: whole models from load_pretrained). The
+    runtime's loader once gave the three roles one storage (parallel/load.py): the KL to the ref
+    stayed 0 and the critic's steps moved the actor."""
+    sft = tmp_path / "sft"
+    assert main(["train", "algo=sft", "train.iterations=30", "data.batch_size=16", "--out", str(sft),
+                 "--no-progress"]) == 0
+    items = [*ITEMS, f"models.actor.path={sft / 'actor'}", "algo=ppo", "train.iterations=2"]
+    assert main(["train", *items, "--out", str(tmp_path / "rl"), "--no-progress"]) == 0
+    want, got = one_process_metrics(load_config(None, items)), read_metrics(tmp_path / "rl" / "metrics.jsonl")
+    assert got[1]["kl/k1"] > 1e-3  # the actor has moved away from the ref
+    for ra, rb in zip(want, got, strict=True):
+        da, db = deterministic_part(ra), deterministic_part(rb)
+        for k in da:
+            assert abs(da[k] - db[k]) <= RTOL * max(abs(da[k]), abs(db[k]), FLOOR), (ra["iteration"], k, da[k], db[k])
 
 
 @pytest.mark.parametrize("argv, message", [
