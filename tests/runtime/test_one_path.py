@@ -1,11 +1,15 @@
 """One path: `meshrl train` without --nprocs is the runtime on one rank, in this process. It writes
 every output (plan, trace, checkpoint, TensorBoard events, the HF model), `--resume` continues it
 and may raise train.iterations, and its metrics equal `--nprocs 2 --plan colocated` on the same
-config up to reduction order: relative 1e-3 against max(|a|, |b|, 0.1). Not test_plans_equal.py's
-1e-5: over 6 iterations Adam amplifies reduction-order noise (measured after merging main on
-2026-11-30: actor/grad_norm 2.7e-5 apart at iteration 2 and 3.1e-4 at iteration 4 between one rank
-and the 2-rank colocated plan; before that merge the same test passed at 1e-5; not yet explained);
-a wrong split or a missed step moves figures by far more."""
+config up to reduction order: relative 3e-5 against max(|a|, |b|, 0.1), gradient norms 1e-3.
+
+Why not test_plans_equal.py's 1e-5 / 3e-4: this run is 6 iterations, not 3, and the weights part
+further with every step (each Adam step turns summation-order noise in near-zero gradient elements
+into ~1e-3 lr differences; docs/runtime.md, "Why gradient norms get a wider bound"). Measured
+(2026-11-30, after the fix of parallel/load.py): every figure but the gradient norms within 2.1e-6
+up to iteration 3, 6.1e-6 at 4, 1.1e-5 at 5 (actor/pg_loss); actor/grad_norm 2.7e-5 at iteration
+2 and 3.1e-4 at 4 (batches with one sharp sequence; 2.5e-7 at iteration 3). A wrong split or a
+missed step moves figures by far more (one token of the 48 is 2% of a loss)."""
 
 from __future__ import annotations
 
@@ -17,11 +21,18 @@ from meshrl.cli import main
 from meshrl.config import load_config
 from meshrl.observe.metrics import deterministic_part, read_metrics
 from oracle import one_process_metrics
+from test_plans_equal import assert_same
 
 # small, not degenerate: a warm-up and a dense reward give advantages that carry signal
 ITEMS = ["data.batch_size=8", "data.gen_len=6", "sft.steps=30", "sft.batch_size=16",
          "reward.rule=numeric_distance", "ppo.mini_batches=2"]
-RTOL, FLOOR = 1e-3, 0.1
+RTOL, GRAD_NORM_RTOL, FLOOR = 3e-5, 1e-3, 0.1
+
+
+def close(key: str, a: float, b: float, rtol: float = RTOL) -> bool:
+    """a and b agree up to reduction order (the module docstring): ``rtol`` scaled by
+    max(|a|, |b|, FLOOR), GRAD_NORM_RTOL for the gradient norms."""
+    return abs(a - b) <= (GRAD_NORM_RTOL if key.endswith("grad_norm") else rtol) * max(abs(a), abs(b), FLOOR)
 
 
 def test_one_rank_writes_everything_resumes_and_equals_two_ranks(tmp_path, capsys):
@@ -55,8 +66,7 @@ def test_one_rank_writes_everything_resumes_and_equals_two_ranks(tmp_path, capsy
         da, db = deterministic_part(ra), deterministic_part(rb)
         assert sorted(da) == sorted(db)
         for k in da:
-            d = abs(da[k] - db[k]) / max(abs(da[k]), abs(db[k]), FLOOR)
-            assert d <= RTOL, f"iteration {ra['iteration']}: {k} {da[k]} vs {db[k]}"
+            assert close(k, da[k], db[k]), f"iteration {ra['iteration']}: {k} {da[k]} vs {db[k]}"
     assert "perf/tokens_per_s" in a[0] and "time/iteration" in a[0]
 
 
@@ -72,10 +82,7 @@ def test_a_run_from_a_checkpoint_equals_the_one_process_calls(tmp_path):
     assert main(["train", *items, "--out", str(tmp_path / "rl"), "--no-progress"]) == 0
     want, got = one_process_metrics(load_config(None, items)), read_metrics(tmp_path / "rl" / "metrics.jsonl")
     assert got[1]["kl/k1"] > 1e-3  # the actor has moved away from the ref
-    for ra, rb in zip(want, got, strict=True):
-        da, db = deterministic_part(ra), deterministic_part(rb)
-        for k in da:
-            assert abs(da[k] - db[k]) <= RTOL * max(abs(da[k]), abs(db[k]), FLOOR), (ra["iteration"], k, da[k], db[k])
+    assert_same(want, got, "from a checkpoint, one rank vs one process")  # test_plans_equal.py's bounds
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -6,12 +6,14 @@ different per-call meshes and layouts (tp, pp, dp, micro-batches), and equal the
 oracle's (tests/runtime/oracle.py: the calls on plain modules, no runtime). With
 train.off_policy=1 (generation one iteration ahead: the config's choice, so every plan must give
 the same numbers too) every plan agrees with the colocated one, and differs from on-policy.
-Every non-timing figure agrees to a relative difference of 3e-4, taken against max(|a|, |b|, 0.1).
-It was 1e-5 before the 2026-11-30 integration (worst 7.6e-6); since then PPO's figures part faster:
-measured worst per plan over 3 iterations 2.4e-5 (heuristic) to 1.03e-4 (random2, actor/grad_norm at
-iteration 2), GRPO unchanged. An open question (session note of stop 11), not a property of plans:
-figures that are zero up to rounding (the KL at iteration 0 is ~1e-7)
-are held to 1e-6 absolute instead of a meaningless relative one.
+Every non-timing figure agrees to a relative difference of 1e-5, taken against max(|a|, |b|, 0.1)
+(figures that are zero up to rounding, like the KL at iteration 0 ~1e-7, are held to 1e-6 absolute
+instead of a meaningless relative one), except the gradient norms, held to 3e-4: a gradient norm
+is a derivative-level figure, and at iteration 2 PPO's is dominated by one sharp sequence whose
+gradient moves 3.6e-5 (in float64) for the ~4e-7 weight differences that Adam's first step makes of
+summation-order noise in near-zero gradient elements (docs/runtime.md, "Why gradient norms get a
+wider bound"). Measured worst: actor/grad_norm 2.4e-5 (heuristic) .. 1.0e-4 (random2), every other
+figure 2.4e-6.
 
 The demo is made small but not degenerate: a short SFT warm-up and the dense numeric_distance
 rule give non-zero rewards, so advantages carry signal (with all-zero rewards the whitened
@@ -32,7 +34,8 @@ from meshrl.runtime.run import rank_main
 from oracle import one_process_metrics
 from runtime_util import WORLD, random_plan
 
-RTOL, FLOOR = 3e-4, 0.1
+RTOL, FLOOR = 1e-5, 0.1
+GRAD_NORM_RTOL = 3e-4  # */grad_norm: see the module docstring
 COMMON = ["data.gen_len=6", "sft.steps=30", "sft.batch_size=16", "reward.rule=numeric_distance",
           "train.iterations=3", "ppo.mini_batches=2"]
 CONFIGS = {"ppo": ["algo=ppo", "data.batch_size=8"],
@@ -57,17 +60,26 @@ def plans_for(cfg) -> dict[str, ExecutionPlan]:
     return out
 
 
+def tolerance(key: str) -> float:
+    return GRAD_NORM_RTOL if key.endswith("grad_norm") else RTOL
+
+
 def assert_same(want: list[dict], got: list[dict], label: str) -> float:
-    """Every non-timing figure of every iteration agrees; returns the worst scaled difference."""
+    """Every non-timing figure of every iteration agrees (``tolerance``); returns the worst scaled
+    difference of the figures held to RTOL (the gradient norms' is printed)."""
     assert len(want) == len(got), label
-    worst = 0.0
+    worst, worst_grad = 0.0, 0.0
     for a, b in zip(want, got, strict=True):
         a, b = deterministic_part(a), deterministic_part(b)
         assert sorted(a) == sorted(b), f"{label}: keys differ: {sorted(set(a) ^ set(b))}"
         for k in a:
             d = abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), FLOOR)
-            worst = max(worst, d)
-            assert d <= RTOL, f"{label} iteration {a['iteration']}: {k} {a[k]} vs {b[k]} (scaled diff {d:.2e})"
+            if k.endswith("grad_norm"):
+                worst_grad = max(worst_grad, d)
+            else:
+                worst = max(worst, d)
+            assert d <= tolerance(k), f"{label} iteration {a['iteration']}: {k} {a[k]} vs {b[k]} (scaled diff {d:.2e})"
+    print(f"{label}: worst scaled diff {worst:.1e}, gradient norms {worst_grad:.1e}")
     return worst
 
 
@@ -92,8 +104,7 @@ def test_every_plan_gives_the_single_process_metrics(algo, pool):
         want = one_process_metrics(cfg)
     for name, plan in plans.items():
         got = pool.run(rank_main, cfg, plan, None, quiet=True)[0]
-        worst = assert_same(want, got, f"{algo}/{name}")
-        print(f"{algo} {name}: worst scaled diff {worst:.1e}")
+        assert_same(want, got, f"{algo}/{name}")
 
 
 def test_moe_actor_with_balance_loss_is_plan_invariant(pool):
@@ -114,8 +125,7 @@ def test_moe_actor_with_balance_loss_is_plan_invariant(pool):
     plans = plans_for(cfg)
     for name in ("interleaved", "random1"):
         got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
-        worst = assert_same(want, got, f"moe/{name}")
-        print(f"moe {name}: worst scaled diff {worst:.1e}")
+        assert_same(want, got, f"moe/{name}")
 
 
 # bf16 (train.dtype=bfloat16): each plan sums in another order (tp partial sums, dp gradient buckets,
