@@ -6,14 +6,20 @@ different per-call meshes and layouts (tp, pp, dp, micro-batches), and equal the
 oracle's (tests/runtime/oracle.py: the calls on plain modules, no runtime). With
 train.off_policy=1 (generation one iteration ahead: the config's choice, so every plan must give
 the same numbers too) every plan agrees with the colocated one, and differs from on-policy.
-Every non-timing figure agrees to a relative difference of 1e-5, taken against max(|a|, |b|, 0.1)
-(figures that are zero up to rounding, like the KL at iteration 0 ~1e-7, are held to 1e-6 absolute
-instead of a meaningless relative one), except the gradient norms, held to 3e-4: a gradient norm
-is a derivative-level figure, and at iteration 2 PPO's is dominated by one sharp sequence whose
-gradient moves 3.6e-5 (in float64) for the ~4e-7 weight differences that Adam's first step makes of
-summation-order noise in near-zero gradient elements (docs/runtime.md, "Why gradient norms get a
-wider bound"). Measured worst: actor/grad_norm 2.4e-5 (heuristic) .. 1.0e-4 (random2), every other
-figure 2.4e-6.
+Every non-timing figure agrees relative to max(|a|, |b|, 0.1) (figures that are zero up to rounding,
+like the KL at iteration 0 ~1e-7, are held to an absolute bound instead of a meaningless relative
+one) within its kind's bound (``kind``; docs/runtime.md, "Determinism", has the mechanism):
+- 1e-5 for what the rollouts and evaluations measure (rewards, KL to the ref, lengths, eval/*);
+- 1e-4 for the train calls' statistics (losses, clip fractions, approx KL): they are measured on
+  weights the call's own Adam steps just moved, and each Adam step turns summation-order noise in
+  near-zero gradient elements into differences of up to ~1e-3 of those elements' update;
+- 3e-4 for the gradient norms, which one sharp sequence in a batch can make tens of times more
+  sensitive to those weight differences than the losses.
+Measured worst (here and in test_recipes_plans.py): rollout figures 5.4e-6, statistics 3.8e-5
+(recipes PPO, random plan, actor/approx_kl at iteration 1), gradient norms 1.0e-4 (random2,
+actor/grad_norm at iteration 2). Before the 2026-11-30 integration one bound of 1e-5 held (worst
+7.6e-6): the gen branch's final sampler (9ba36c0) draws other tokens, and its iteration-2 batch
+holds the sharp sequence; main's one-process PPO figures are bit-identical to 9ba36c0's.
 
 The demo is made small but not degenerate: a short SFT warm-up and the dense numeric_distance
 rule give non-zero rewards, so advantages carry signal (with all-zero rewards the whitened
@@ -34,8 +40,13 @@ from meshrl.runtime.run import rank_main
 from oracle import one_process_metrics
 from runtime_util import WORLD, random_plan
 
-RTOL, FLOOR = 1e-5, 0.1
-GRAD_NORM_RTOL = 3e-4  # */grad_norm: see the module docstring
+FLOOR = 0.1
+# Three kinds of figure, three bounds (module docstring; docs/runtime.md, "Determinism"):
+RTOL = 1e-5  # what the iteration's rollout and evaluation measure: rewards, KL to the ref, lengths
+STEP_RTOL = 1e-4  # the train calls' statistics, measured on weights their own Adam steps just moved
+GRAD_NORM_RTOL = 3e-4  # the train calls' gradient norms (derivative-level, sharp at some sequences)
+KINDS = {"rollout": RTOL, "step": STEP_RTOL, "grad_norm": GRAD_NORM_RTOL}
+
 COMMON = ["data.gen_len=6", "sft.steps=30", "sft.batch_size=16", "reward.rule=numeric_distance",
           "train.iterations=3", "ppo.mini_batches=2"]
 CONFIGS = {"ppo": ["algo=ppo", "data.batch_size=8"],
@@ -60,27 +71,29 @@ def plans_for(cfg) -> dict[str, ExecutionPlan]:
     return out
 
 
-def tolerance(key: str) -> float:
-    return GRAD_NORM_RTOL if key.endswith("grad_norm") else RTOL
+def kind(key: str) -> str:
+    """Which bound a figure is held to: 'grad_norm', 'step' (actor/*, critic/*) or 'rollout'."""
+    if key.endswith("grad_norm"):
+        return "grad_norm"
+    return "step" if key.startswith(("actor/", "critic/")) else "rollout"
 
 
-def assert_same(want: list[dict], got: list[dict], label: str) -> float:
-    """Every non-timing figure of every iteration agrees (``tolerance``); returns the worst scaled
-    difference of the figures held to RTOL (the gradient norms' is printed)."""
+def assert_same(want: list[dict], got: list[dict], label: str, grad_norm_rtol: float = GRAD_NORM_RTOL) -> float:
+    """Every non-timing figure of every iteration agrees within its kind's bound (``kind``); prints
+    the worst scaled difference of each kind and returns the worst over all."""
     assert len(want) == len(got), label
-    worst, worst_grad = 0.0, 0.0
+    bounds = {**KINDS, "grad_norm": grad_norm_rtol}
+    worst = dict.fromkeys(KINDS, 0.0)
     for a, b in zip(want, got, strict=True):
         a, b = deterministic_part(a), deterministic_part(b)
         assert sorted(a) == sorted(b), f"{label}: keys differ: {sorted(set(a) ^ set(b))}"
         for k in a:
             d = abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), FLOOR)
-            if k.endswith("grad_norm"):
-                worst_grad = max(worst_grad, d)
-            else:
-                worst = max(worst, d)
-            assert d <= tolerance(k), f"{label} iteration {a['iteration']}: {k} {a[k]} vs {b[k]} (scaled diff {d:.2e})"
-    print(f"{label}: worst scaled diff {worst:.1e}, gradient norms {worst_grad:.1e}")
-    return worst
+            worst[kind(k)] = max(worst[kind(k)], d)
+            assert d <= bounds[kind(k)], \
+                f"{label} iteration {a['iteration']}: {k} {a[k]} vs {b[k]} (scaled diff {d:.2e})"
+    print(f"{label}: worst scaled diff " + ", ".join(f"{n} {w:.1e}" for n, w in worst.items()))
+    return max(worst.values())
 
 
 @pytest.fixture(scope="module")
