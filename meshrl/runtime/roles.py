@@ -199,6 +199,8 @@ def build_roles(cfg: Config, graph: Graph, plan: ExecutionPlan, states: dict, ca
             rm.models[pl] = ParallelModel.create(mcfg, pl, cache, load, value_head=role in VALUE_ROLES,
                                                  optim=optim, timeout_s=timeout_s,
                                                  activation_checkpointing=optim is not None
-                                                 and cfg.train.activation_checkpointing)
+                                                 and cfg.train.activation_checkpointing,
+                                                 grad_bucket_bytes=int(cfg.train.grad_bucket_mb * 2**20),
+                                                 overlap_grad_reduce=cfg.train.overlap_grad_reduce)
             rm.dtype = rm.models[pl].dtype
     return out
