@@ -262,15 +262,28 @@ def gather_full_state(sm: ShardMap, groups: RankGroups, local: Mapping[str, torc
     """Each distinct slice of replica 0 is sent once by its first holder to the mesh's first rank."""
     if groups.dp.index != 0:
         return None
-    dst, me = sm.placement.mesh.ranks[0], groups.rank
+    dst = sm.placement.mesh.ranks[0]
+    replica0 = {r for r in sm.placement.mesh.ranks if sm.placement.coords_of(r)[0] == 0}
+    out = gather_tensors(sm, list(sm.shapes), replica0, dst, groups, groups.mp.group, local, timeout)
+    return out if groups.rank == dst else None
+
+
+def gather_tensors(sm: ShardMap, names: list[str], ranks: set[int], dst: int, groups: RankGroups, group,
+                   local: Mapping[str, torch.Tensor], timeout, to_host: bool = False) -> dict[str, torch.Tensor]:
+    """Assemble each tensor of ``names`` whole on rank ``dst`` from the distinct slices ``ranks`` hold
+    (each sent once, by its first holder in ``ranks``, on ``group``, which holds them all), one
+    tensor at a time. -> {name: tensor} on ``dst`` (moved to the host as it is made with
+    ``to_host``: the device holds one whole tensor at a time); {} on the other ranks. The one
+    gather behind ``full_state_dict`` and the sharded HF export (runtime/export.py)."""
+    me = groups.rank
+    like = next(iter(local.values()))
     out: dict[str, torch.Tensor] = {}
     pending = []
-    for name, shape in sm.shapes.items():
+    for name in names:
+        full = torch.empty(sm.shapes[name], dtype=like.dtype, device=like.device) if me == dst else None
         seen: set = set()
-        like = next(iter(local.values()))
-        full = torch.empty(shape, dtype=like.dtype, device=like.device) if me == dst else None
         for r, sl in sm.holders(name):
-            if sm.placement.coords_of(r)[0] != 0 or sl in seen:
+            if r not in ranks or sl in seen:
                 continue
             seen.add(sl)
             idx = tuple(slice(a, b) for a, b in sl)
@@ -278,13 +291,13 @@ def gather_full_state(sm: ShardMap, groups: RankGroups, local: Mapping[str, torc
                 full[idx] = local[name]
             elif me == dst:
                 buf = torch.empty(tuple(b - a for a, b in sl), dtype=full.dtype, device=full.device)
-                comm.irecv(buf, r, groups.mp.group).wait(timeout)
+                comm.irecv(buf, r, group).wait(timeout)
                 full[idx] = buf
             elif r == me:
                 t = local[name].contiguous()
-                pending.append((comm.isend(t, dst, groups.mp.group), t))
+                pending.append((comm.isend(t, dst, group), t))
         if full is not None:
-            out[name] = full
+            out[name] = full.cpu() if to_host else full
     for work, _ in pending:
         work.wait(timeout)
-    return out if me == dst else None
+    return out

@@ -57,7 +57,7 @@ def test_initial_states_equal_the_whole_models_of_setup(algo, paths, tmp_path):
                                                             if algo == "rm" else [])
     cfg = load_config(None, over)
     whole = setup.build_roles(cfg, setup.load_policy(cfg, cfg.train.seed))
-    states = initial_states(cfg, None, print, warm=False)
+    states = initial_states(cfg)
     assert set(states) == set(whole)
     for role, r in whole.items():
         mcfg, loader = states[role]

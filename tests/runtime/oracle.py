@@ -16,7 +16,10 @@ from meshrl.algo.graph import graph_for
 from meshrl.algo.handles import LocalHandle
 from meshrl.algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from meshrl.algo.registry import tensor_keys
-from meshrl.algo.warmup import warmup_sft
+from meshrl.algo.batch import Batch
+from meshrl.algo.calls_offline import sft_train
+from meshrl.algo.common import make_optimizer
+from meshrl.algo.iteration import choose_rows
 
 
 def one_process_metrics(cfg) -> list[dict]:
@@ -31,7 +34,7 @@ def one_process_run(cfg) -> tuple[list[dict], dict[str, torch.nn.Module]]:
     tok = setup.tokenizer_for(cfg)
     actor = setup.load_policy(cfg, cfg.train.seed)
     if setup.warms_up(cfg):
-        warmup_sft(actor, cfg, tok, lambda _: None, progress=False)
+        warmup_local(actor, cfg, tok)
     roles = setup.build_roles(cfg, actor)
     handles = {n: LocalHandle(r.model, r.optim, cfg.optim.grad_clip) if r.model is not None else None
                for n, r in roles.items()}
@@ -52,3 +55,14 @@ def one_process_run(cfg) -> tuple[list[dict], dict[str, torch.nn.Module]]:
         records.append({"iteration": it, **rollout, **stats, **evaluated})
     return records, {n: r.model for n, r in roles.items() if r.model is not None}
 
+
+
+def warmup_local(actor: torch.nn.Module, cfg, tok) -> None:
+    """The SFT warm-up (meshrl/runtime/warmup.py) on the whole actor in this process, with torch's
+    AdamW: the same rows per step, loss and settings, none of the runtime's machinery."""
+    data = setup.encode_sft_batch(cfg, tok, setup.sft_records(cfg, warmup=True))
+    h = LocalHandle(actor, make_optimizer(actor, cfg.sft.lr, cfg.optim.weight_decay), cfg.optim.grad_clip)
+    for step in range(cfg.sft.steps):
+        rows = choose_rows(len(data), cfg.sft.batch_size, cfg.train.seed, "warmup", step)
+        sft_train(h, Batch(data.select(rows).data), CallContext(cfg, step, tok, algo="sft"),
+                  Place(micro_batches=cfg.ppo.micro_batches))
