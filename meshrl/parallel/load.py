@@ -99,7 +99,10 @@ class SafetensorsLoader:
             part = self._open[path].get_slice(name)[_index(sl)]
         except Exception as e:  # safetensors raises its own error types
             raise UserError(f"{path}: cannot read tensor {name!r} ({e})") from None
-        return part.to(self.dtype).contiguous()
+        # a copy of its own: safetensors hands out views of the memory-mapped file, so two calls for
+        # one slice (the actor and the ref, or the critic's backbone, on one rank) would otherwise
+        # share storage, and training one would move the other
+        return part.to(self.dtype, copy=True).contiguous()
 
 
 class ValueFromCausal:

@@ -45,6 +45,19 @@ def test_safetensors_loader_reads_slices_like_load_pretrained(tmp_path):
     _check_all_shards(SafetensorsLoader(tmp_path / "lm", value_head=True, seed=4), v, True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loaded_shards_never_share_storage(tmp_path, dtype):
+    """Two loads of one slice (the actor and the ref, or the critic's backbone, on one rank) are
+    separate tensors: training one must not move the other (safetensors hands out views of the
+    memory-mapped file; this once made the ref and the critic train along with the actor)."""
+    build_model("tiny", seed=1, dtype=dtype).save_pretrained(tmp_path / "lm")
+    loader = SafetensorsLoader(tmp_path / "lm", dtype=dtype)
+    sl = ((0, 16), (0, 128))
+    a, b = loader("model.layers.0.mlp.up_proj.weight", sl), loader("model.layers.0.mlp.up_proj.weight", sl)
+    a.add_(1.0)
+    assert torch.equal(b, load_pretrained(tmp_path / "lm", dtype=dtype).model.layers[0].mlp.up_proj.weight[:16])
+
+
 @pytest.mark.parametrize("algo", ["ppo", "rm"])
 @pytest.mark.parametrize("paths", [False, True])
 def test_initial_states_equal_the_whole_models_of_setup(algo, paths, tmp_path):
