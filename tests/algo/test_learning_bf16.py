@@ -13,8 +13,8 @@ from meshrl.cli import main
 from meshrl.observe.metrics import read_metrics
 
 SFT_STEPS, ITERS, K = 150, 40, 10
-# bf16 GRPO rises measured (python bench-free: the commands below, seeds 1, 2, 3): see BF16_RISES
-BF16_RISES = {1: None, 2: None, 3: 0.186}
+# Rises measured with these two commands for train.seed = 1, 2, 3 (SFT and GRPO with the same
+# seed; commit f46fd01): 0.117, 0.198, 0.251 (fp32, tests/algo/test_learning.py: 0.202, 0.177, 0.249).
 MARGIN = 0.08
 BF16 = "train.dtype=bfloat16"
 
@@ -24,7 +24,6 @@ def test_grpo_learns_in_bf16(tmp_path):
     assert main(["train", "algo=sft", f"train.iterations={SFT_STEPS}", "data.batch_size=64", BF16,
                  "--out", str(sft), "--no-progress"]) == 0
     with safe_open(sft / "actor" / "model.safetensors", framework="pt") as f:
-        assert f.get_tensor("model.norm.weight").dtype.is_floating_point
         dtypes = {str(f.get_slice(n).get_dtype()) for n in f.keys()}
     assert dtypes == {"BF16"}, dtypes  # it trained in bf16
     rl = tmp_path / "rl"

@@ -40,7 +40,7 @@ def _loss(out, mb):  # normalised by the whole mini-batch's token count (8 x 11 
 
 
 def _run(layout: str, tied: bool, micro: int) -> dict:
-    cfg = get_preset("tiny").replace(tie_word_embeddings=tied)
+    cfg = get_preset("tiny").replace(tie_word_embeddings=tied, num_hidden_layers=4)
     cache = GroupCache(timeout_s=60)
     placement = Placement.parse(layout)
     out: dict = {}
