@@ -57,7 +57,7 @@ def test_initial_states_equal_the_whole_models_of_setup(algo, paths, tmp_path):
                                                             if algo == "rm" else [])
     cfg = load_config(None, over)
     whole = setup.build_roles(cfg, setup.load_policy(cfg, cfg.train.seed))
-    states = initial_states(cfg, None, print, warm=False)
+    states = initial_states(cfg)
     assert set(states) == set(whole)
     for role, r in whole.items():
         mcfg, loader = states[role]
@@ -74,7 +74,7 @@ def test_every_shard_is_a_tensor_of_its_own(tmp_path):
     the critic's moved the actor (PPO from a checkpoint stopped learning; docs/runtime.md)."""
     build_model("tiny", seed=1).save_pretrained(tmp_path / "a")
     cfg = load_config(None, ["algo=ppo", f"models.actor.path={tmp_path / 'a'}"])
-    states = initial_states(cfg, None, print, warm=False)
+    states = initial_states(cfg)
     full = PL.__class__.parse("dp1tp1pp1@0")  # one rank: every slice is the whole tensor
     seen: dict[int, tuple[str, str]] = {}
     alive = []  # every shard kept, so no address is reused
