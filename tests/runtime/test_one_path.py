@@ -10,8 +10,8 @@ docs/runtime.md, "Determinism"). Measured (2026-11-30, after the fix of parallel
 actor/grad_norm 2.7e-5 apart at iteration 2, 2.5e-7 at 3, 3.1e-4 at 4 (batches with one sharp
 sequence); every other figure within 2.1e-6 up to iteration 3, 6.1e-6 at 4 and 1.1e-5 at 5
 (actor/pg_loss); rollout figures within 2.8e-6. On main after gpustep's warm-up change (other
-starting weights): gradient norms 5.8e-4, statistics 2.5e-5, rollout figures 5.0e-6. A wrong split or a missed step moves figures by far
-more (one token of the 48 is 2% of a loss)."""
+starting weights): gradient norms 5.8e-4, statistics 2.5e-5, rollout figures 5.0e-6. A wrong
+split or a missed step moves figures by far more (one token of the 48 is 2% of a loss)."""
 
 from __future__ import annotations
 
