@@ -7,6 +7,7 @@ minus that of the first 10, whose noise std is about 0.022 for GRPO (32 prompts 
 MARGIN is below the smallest rise measured over seeds 1, 2, 3 (see below) and about 3.5 noise stds.
 """
 
+import pytest
 from safetensors import safe_open
 
 from meshrl.cli import main
@@ -19,6 +20,7 @@ MARGIN = 0.08
 BF16 = "train.dtype=bfloat16"
 
 
+@pytest.mark.timeout(1200)  # an SFT stage and an RL stage (the suite's default is 600 s per test)
 def test_grpo_learns_in_bf16(tmp_path):
     sft = tmp_path / "sft"
     assert main(["train", "algo=sft", f"train.iterations={SFT_STEPS}", "data.batch_size=64", BF16,
