@@ -66,11 +66,15 @@ class TrainConfig:
     # threads collapse when other processes share the cores
     off_policy: int = 0  # 1: generation of iteration t+1 runs while iteration t trains, from weights one
     # update old (one step off-policy; a disaggregated plan then overlaps generation and training)
+    save_every: int = 10  # write a checkpoint (OUT/ckpt-*, for --resume) every N iterations and after
+    # the last; a resumed run redoes at most N-1 iterations, exactly (saving costs ~0.15 s on the demo)
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or
     # reallocation may wait for another rank; a hanging rank ends the job after about this long
     dtype: str = "auto"  # float32 | bfloat16 (bf16 weights/activations/grads, fp32 master + AdamW
     # moments sharded by ZeRO-1, fp32 log-probs and losses); auto: bfloat16 on CUDA, float32 on a CPU
     activation_checkpointing: bool = False  # recompute each layer's activations in the backward
+    grad_bucket_mb: float = 25.0  # data-parallel gradient all-reduce bucket, MiB (PyTorch DDP's default)
+    overlap_grad_reduce: bool = True  # all-reduce each bucket as the last micro-batch's backward fills it
 
 
 @dataclass

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ..errors import UserError
 
-# What a run writes into OUT (meshrl/runtime/checkpoint.py, run.py, observe/, the exported model).
+# What a run writes into OUT (meshrl/runtime/checkpoint.py, run.py, warmup.py, observe/, the exported model).
 RUN_ENTRIES = ("config.yaml", "plan.json", "metrics.jsonl", "trace.json", "tensorboard", "actor", "reward",
-               ".ranks", ".ckpt-tmp")
+               "sft-warmup", ".ranks", ".ckpt-tmp")
 CKPT_GLOB = "ckpt-*"
 
 
@@ -41,8 +41,8 @@ def check_out(out: Path, resume: bool, overwrite: bool) -> None:
 
 # What --resume may change: more iterations (DESIGN.md), how long ranks wait for each other, and
 # the cluster (plans change speed, never results: --nprocs and --plan may change too).
-RESUME_MAY_CHANGE = ("train.iterations", "train.timeout", "train.threads", "cluster.nodes", "cluster.devices_per_node",
-                     "cluster.device")
+RESUME_MAY_CHANGE = ("train.iterations", "train.timeout", "train.threads", "train.save_every", "cluster.nodes",
+                     "cluster.devices_per_node", "cluster.device")
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, object]:

@@ -22,7 +22,7 @@ The model, per call kind (``docs/planner.md`` derives each term):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..layout.mesh import Layout
 from .call_spec import CallSpec, Estimate, Links, RunShape, mesh_links  # noqa: F401 (the estimator's API)
@@ -262,14 +262,15 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     in_flight = min(m, c.lay.pp)
     act = in_flight * b * s * c.stage_layers * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
     logits = 2 * b * s * c.mc.out_width / c.lay.tp * LOGIT_BYTES  # logits and their gradient
-    # Besides the gradients, the largest of three needs that never overlap in the runtime: the
-    # backward's activations and logits; the flat bucket all_reduce_grads concatenates (dp > 1);
-    # the optimizer step's buffers: fp32 copies of the gradient chunks (bf16 weights), then ZeRO-1's
-    # all-gather bucket (this rank's chunks and every rank's, dp + 1 chunks).
-    sync = min(grad_bytes, DP_BUCKET_BYTES) if c.lay.dp > 1 else 0.0
+    # Besides the gradients, the larger of two needs that never overlap in the runtime: the
+    # backward's activations and logits; the optimizer step's buffers: fp32 copies of the gradient
+    # chunks (bf16 weights), then ZeRO-1's all-gather bucket (this rank's chunks and every rank's,
+    # dp + 1 chunks). The dp all-reduce adds nothing: the gradients are views of its bucket buffers
+    # (parallel/overlap.py; with train.overlap_grad_reduce=false it concatenates one bucket at a
+    # time, at most min(grad_bytes, DP_BUCKET_BYTES), never more than the gather bucket below).
     fp32_grads = 4 * n_local / c.lay.dp if c.hw.dtype_bytes != 4 else 0.0
     gather = (1 + c.lay.dp) * min(grad_bytes / c.lay.dp, DP_BUCKET_BYTES) if c.lay.dp > 1 else 0.0
-    transient = grad_bytes + max(act + logits, sync, fp32_grads, gather)
+    transient = grad_bytes + max(act + logits, fp32_grads, gather)
     return Estimate((t_mb + dp + opt) * steps, flops, c.stage_param_bytes, state, transient, acc,
                     active=_busy_share(c, m))
 
@@ -279,11 +280,11 @@ def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches
     """Time and per-device memory of ``spec`` under ``layout`` with ``micro_batches`` per DP rank
     (per mini-batch for train calls). The layout must suit the model (see Layout.check_model)."""
     c = _Ctx(model_costs(spec.model, spec.value_head), hw, layout, links)
-    if spec.kind == "generate":
-        return _generate(c, spec, shape, micro_batches)
-    if spec.kind == "inference":
-        return _inference(c, spec, shape, micro_batches)
-    return _train(c, spec, shape, micro_batches)
+    run = {"generate": _generate, "inference": _inference}.get(spec.kind, _train)
+    est = run(c, spec, shape, micro_batches)
+    if not hw.call_host_s:
+        return est
+    return replace(est, time_s=est.time_s + hw.call_host_s, breakdown={**est.breakdown, "host": hw.call_host_s})
 
 
 def max_micro_batches(spec: CallSpec, shape: RunShape, layout: Layout) -> int:

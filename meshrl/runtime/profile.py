@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 from ..errors import UserError
 from .profile_cores import measure_cores
+from .profile_host import measure_host_gap
 from .profile_layers import linear_fit, measure_layers, measure_optimizer, median_time
 from .profile_pipeline import measure_pipeline_hop
 
@@ -129,7 +130,7 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
         matmul = measure_matmul(HIDDEN_QUICK if quick else HIDDEN_FULL, reps)
         mem_bw = measure_mem_bw((16 if quick else 256) << 20, reps)
         layers = measure_layers(quick, reps)  # 1- and DEEP-layer models timed alternately
-        optimizer = measure_optimizer(reps, mem_bw)  # per tensor: foreach=False AdamW's kernels and Python
+        optimizer = measure_optimizer(reps, mem_bw)  # per tensor: the runtime AdamW's kernels and Python
     finally:
         torch.set_num_threads(prev)
     colls: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}
@@ -140,9 +141,10 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
                 colls[kind][str(world)] = fit
     cores = measure_cores(quick, timeout_s)  # cores, threads_per_rank, contention
     pipeline = measure_pipeline_hop(reps, timeout_s)  # per stage boundary of a decoding step
+    host_gap = measure_host_gap(quick, timeout_s)  # the runtime's host time per call
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"version": 1, "device": "cpu", "host": platform.node(), "cpus": os.cpu_count(), **cores,
             "torch": torch.__version__, "dtype": "float32", "dtype_bytes": 4,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": quick,
             "matmul": matmul, "layers": layers, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls,
-            "pipeline": pipeline, "optimizer": optimizer}
+            "pipeline": pipeline, "optimizer": optimizer, "host_gap": host_gap}

@@ -161,7 +161,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     make_groups(process_cache(timeout_s), plan_groups(plan, kv))
     log: Callable[[str], None] = print if rank == 0 and not quiet else (lambda _: None)
     status = Path(status_dir) / f"rank{rank}" if status_dir else None
-    engine = Engine(cfg, plan, process_cache(timeout_s), timeout_s, log, status, warm=start == 0)
+    engine = Engine(cfg, plan, process_cache(timeout_s), timeout_s, log, status, warm=start == 0, out=out)
     ahead = False  # the generation of iteration `start` ran before the checkpoint (async): skip it
     if start > 0:
         ck = latest_checkpoint(out)
