@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from ..errors import UserError
 
+# What a checkpoint directory holds of its tokenizer (HFTokenizer.save_pretrained copies them).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json")
 BYTE_TOKENIZER_CLASS = "meshrl.ByteTokenizer"  # marks a checkpoint dir that uses ByteTokenizer
 BYTE_TOKENIZER_KEY = "meshrl_tokenizer"  # where tokenizer_config.json holds the mark (tokenizer_class
 # itself says PreTrainedTokenizerFast, for transformers; older checkpoints put the mark there)
@@ -67,6 +71,7 @@ class HFTokenizer:
         from tokenizers import Tokenizer
 
         root = Path(path)
+        self.root = root
         file = root / "tokenizer.json"
         try:
             self.tok = Tokenizer.from_file(str(file))
@@ -96,6 +101,17 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Copy this tokenizer's files (and the chat template) from the directory it was read from
+        into ``path``, so that an exported model is a complete checkpoint: transformers'
+        AutoTokenizer and meshrl read the same ids and template back. Files are copied as they
+        are, never re-serialised."""
+        out = Path(path)
+        for name in TOKENIZER_FILES:
+            src, dst = self.root / name, out / name
+            if src.is_file() and src.resolve() != dst.resolve():
+                shutil.copyfile(src, dst)
 
 
 def load_tokenizer(path: str | os.PathLike) -> ByteTokenizer | HFTokenizer:
