@@ -1,0 +1,194 @@
+"""Checkpoints that reshard (meshrl/runtime/checkpoint.py): a state saved under one plan and
+world size is read back under another exactly (bitwise: weights, ZeRO-1 fp32 master weights,
+AdamW moments and step), each chunk written once, and a run resumed under another plan and world
+continues as that plan's uninterrupted run does."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from meshrl.cli import main
+from meshrl.config import load_config
+from meshrl.observe.metrics import deterministic_part, read_metrics
+from meshrl.runtime.checkpoint import ShardReader, latest_checkpoint, load_checkpoint, save_checkpoint
+from meshrl.runtime.engine import Engine
+from meshrl.runtime.launch import RankPool
+from meshrl.runtime.run import make_groups, model_configs, plan_groups, process_cache
+from meshrl.runtime.shards import flat_blocks
+from runtime_util import WORLD, random_plan
+
+TIMEOUT = 120.0
+ITEMS = ["data.batch_size=8", "data.gen_len=6", "sft.steps=30", "sft.batch_size=16",
+         "reward.rule=numeric_distance", "ppo.mini_batches=2"]
+RTOL, FLOOR = 1e-4, 0.1  # relative, against max(|a|, |b|, FLOOR) (test_one_path.py's scale)
+
+
+def test_flat_ranges_are_cut_into_rectangles_in_order():
+    rng = random.Random(0)
+    for _ in range(500):
+        shape = tuple(rng.randint(1, 5) for _ in range(rng.randint(1, 4)))
+        n = int(torch.tensor(shape).prod())
+        lo = rng.randint(0, n)
+        hi = rng.randint(lo, n)
+        full = torch.arange(n).view(shape)  # brute force: the elements each rectangle picks
+        got: list[int] = []
+        for start, (offs, sizes) in flat_blocks(shape, lo, hi):
+            assert start == lo + len(got)
+            got += full[tuple(slice(o, o + s) for o, s in zip(offs, sizes, strict=True))].reshape(-1).tolist()
+        assert got == list(range(lo, hi)), (shape, lo, hi)
+        assert len(flat_blocks(shape, lo, hi)) <= 2 * len(shape) - 1
+
+
+def _engine(cfg, plan, warm: bool) -> Engine:
+    torch.set_num_threads(1)
+    kv = {m.num_key_value_heads for m in model_configs(cfg)}
+    make_groups(process_cache(TIMEOUT), plan_groups(plan, kv))
+    return Engine(cfg, plan, process_cache(TIMEOUT), TIMEOUT, lambda _: None, warm=warm)
+
+
+def train_and_save(cfg, plan, out: str) -> None:
+    """Train cfg.train.iterations under ``plan`` (Adam moments become non-zero), then save."""
+    engine = _engine(cfg, plan, True)
+    engine.run(0, cfg.train.iterations, lambda t, logs: None)
+    save_checkpoint(out, cfg.train.iterations - 1, engine.roles, plan.to_json(), timeout_s=TIMEOUT)
+
+
+def load_and_save(cfg, plan, src: str, dst: str) -> None:
+    """Read ``src`` under ``plan`` and write it again, untouched, to ``dst``."""
+    engine = _engine(cfg, plan, False)
+    it, _ = load_checkpoint(latest_checkpoint(src), engine.roles, plan.to_json())
+    save_checkpoint(dst, it, engine.roles, plan.to_json(), timeout_s=TIMEOUT)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_state_read_under_other_plans_is_the_same_state(tmp_path, dtype):
+    """Saved under one random plan (dp, tp, pp mixed), read under two others and saved again:
+    every tensor (bf16: with its fp32 master weights) and every step count equal, bit for bit."""
+    cfg = load_config(None, ["algo=ppo"] + ITEMS + ["train.iterations=1", f"train.dtype={dtype}"])
+    plans = [random_plan(cfg, s) for s in (3, 22, 27)]
+    with RankPool(WORLD, timeout=300) as pool:
+        pool.run(train_and_save, cfg, plans[0], str(tmp_path / "a"))
+        pool.run(load_and_save, cfg, plans[1], str(tmp_path / "a"), str(tmp_path / "b"))
+        pool.run(load_and_save, cfg, plans[2], str(tmp_path / "b"), str(tmp_path / "c"))
+    a, b, c = (ShardReader(latest_checkpoint(tmp_path / x)) for x in "abc")
+    keys = sorted(a.index["tensors"])
+    assert keys == sorted(b.index["tensors"]) == sorted(c.index["tensors"])
+    kinds = {k.split("/")[1] for k in keys}
+    assert kinds == ({"param", "exp_avg", "exp_avg_sq"} | ({"master"} if dtype == "bfloat16" else set()))
+    assert a.index["steps"] == b.index["steps"] == c.index["steps"] == {"actor": 2.0, "critic": 2.0}
+    for k in keys:
+        want = a.full(k)
+        assert torch.equal(b.full(k), want) and torch.equal(c.full(k), want), k
+    moved = [k for k in keys if "exp_avg_sq" in k and a.full(k).abs().max() > 0]
+    assert moved, "AdamW's moments are all zero: the test would not see them lost"
+
+
+def _run(out, n: int, extra: list[str]) -> None:
+    assert main(["train", *ITEMS, f"train.iterations={n}", "--out", str(out), "--no-progress", *extra]) == 0
+
+
+def _close(a: list[dict], b: list[dict], label: str) -> float:
+    worst = 0.0
+    for ra, rb in zip(a, b, strict=True):
+        da, db = deterministic_part(ra), deterministic_part(rb)
+        assert sorted(da) == sorted(db), label
+        for k in da:
+            d = abs(da[k] - db[k]) / max(abs(da[k]), abs(db[k]), FLOOR)
+            worst = max(worst, d)
+            assert d <= RTOL, f"{label}: iteration {ra['iteration']} {k}: {da[k]} vs {db[k]} ({d:.1e})"
+    return worst
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_four_ranks_heuristic_resumes_on_two_ranks_colocated(tmp_path, capsys, monkeypatch, mode):
+    """Issue 13 item 6: 2 iterations on 4 ranks (heuristic), then --resume --nprocs 2 --plan
+    colocated with more iterations continues as the uninterrupted 2-rank colocated run.
+    async (train.off_policy=1): the 4-rank job is killed in iteration 2, after the checkpoint of
+    iteration 1 that holds the batch of iteration 2 generated ahead; that batch is resharded."""
+    if mode == "sync":
+        _run(tmp_path / "a", 2, ["--nprocs", "4", "--plan", "heuristic"])
+        cfg: list[str] = []
+    else:
+        cfg = ["train.off_policy=1"]
+        monkeypatch.setenv("MESHRL_FAULT", "1:critic_train@2")  # rank 1 dies in iteration 2
+        args = [*ITEMS, "train.iterations=4", *cfg, "--nprocs", "4", "--plan", "heuristic"]
+        assert main(["train", *args, "--out", str(tmp_path / "a"), "--no-progress"]) == 1
+        monkeypatch.delenv("MESHRL_FAULT")
+        ck = latest_checkpoint(tmp_path / "a")
+        assert json.loads((ck / "meta.json").read_text())["ahead"] == 2 and (ck / "ahead3.pt").is_file()
+    _run(tmp_path / "a", 4, cfg + ["--nprocs", "2", "--plan", "colocated", "--resume"])
+    printed = capsys.readouterr().out
+    assert "resuming from" in printed and "at iteration 2" in printed
+    _run(tmp_path / "b", 4, cfg + ["--nprocs", "2", "--plan", "colocated"])
+    a, b = read_metrics(tmp_path / "a/metrics.jsonl"), read_metrics(tmp_path / "b/metrics.jsonl")
+    assert [r["iteration"] for r in a] == [r["iteration"] for r in b] == [0, 1, 2, 3]
+    assert json.loads((tmp_path / "a/plan.json").read_text()) == json.loads((tmp_path / "b/plan.json").read_text())
+    worst = _close(a[2:], b[2:], f"{mode}: resumed on 2 ranks vs uninterrupted")
+    print(f"{mode}: worst scaled difference after the resharded resume {worst:.1e}")
+
+
+def test_one_rank_and_two_ranks_resume_each_other(tmp_path):
+    """A one-rank in-process run resumes under --nprocs 2, and a 2-rank run in one process."""
+    _run(tmp_path / "one", 2, [])
+    _run(tmp_path / "one", 3, ["--nprocs", "2", "--plan", "colocated", "--resume"])
+    _run(tmp_path / "one", 4, ["--resume"])
+    _run(tmp_path / "ref", 4, [])
+    got, want = read_metrics(tmp_path / "one/metrics.jsonl"), read_metrics(tmp_path / "ref/metrics.jsonl")
+    assert [r["iteration"] for r in got] == [0, 1, 2, 3]
+    _close(got, want, "1 -> 2 -> 1 ranks vs one rank throughout")
+
+
+def test_an_old_format_checkpoint_is_refused_by_name(tmp_path, capsys):
+    out = tmp_path / "run"
+    _run(out, 1, [])
+    ck = latest_checkpoint(out)
+    for f in ck.iterdir():
+        f.unlink()
+    torch.save({"rng": torch.get_rng_state(), "roles": {}}, ck / "rank0.pt")
+    (ck / "meta.json").write_text(json.dumps({"iteration": 0, "world": 1, "ahead": None}))
+    capsys.readouterr()
+    assert main(["train", *ITEMS, "train.iterations=2", "--out", str(out), "--no-progress", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert str(ck) in err and "older format" in err and "Traceback" not in err
+
+
+def _bad_plan(path, graph_names: list[str]) -> str:
+    """Every call on rank 0 of 2, rank 1 idle: a plan the refitted estimate must beat."""
+    calls = {n: {"mesh": "0", "layout": "dp1tp1pp1", "micro_batches": 1} for n in graph_names}
+    path.write_text(json.dumps({"cluster": {"nodes": 1, "devices_per_node": 2, "device": "cpu"},
+                                "strategy": "one-rank", "keep_copies": False, "offload_frozen": False,
+                                "calls": calls}))
+    return str(path)
+
+
+def test_a_bad_plan_is_replanned_during_the_run_and_the_numbers_do_not_change(tmp_path, capsys):
+    """Issue 15 item 4: --replan-every 2 from a deliberately bad plan switches after iteration 1
+    (reported on the console, in metrics.jsonl and trace.json), and every figure stays within the
+    plan-invariance tolerance of the same run without re-planning."""
+    from meshrl.algo.graph import graph_for
+    from test_plans_equal import FLOOR as PLAN_FLOOR
+    from test_plans_equal import RTOL as PLAN_RTOL
+
+    bad = _bad_plan(tmp_path / "bad.json", graph_for("ppo").names)
+    _run(tmp_path / "switched", 4, ["--nprocs", "2", "--plan", bad, "--replan-every", "2"])
+    printed = capsys.readouterr().out
+    assert "re-plan after iteration 1" in printed and "switching plans at iteration 2" in printed, printed
+    got = read_metrics(tmp_path / "switched/metrics.jsonl")
+    assert got[2]["perf/replan/switched"] == 1.0 and got[2]["perf/replan/gain"] > 1.1
+    assert "perf/replan/gain" not in got[1] and "perf/replan/gain" not in got[3]  # one re-plan: after 1
+    now = json.loads((tmp_path / "switched/plan.json").read_text())
+    assert now["strategy"] == "replanned" and any(c["mesh"] != "0" for c in now["calls"].values())
+    trace = json.loads((tmp_path / "switched/trace.json").read_text())["traceEvents"]
+    assert any(e.get("name") == "replan" for e in trace)
+    _run(tmp_path / "fixed", 4, ["--nprocs", "2", "--plan", bad])
+    want = read_metrics(tmp_path / "fixed/metrics.jsonl")
+    for ra, rb in zip(want, got, strict=True):
+        da, db = deterministic_part(ra), deterministic_part(rb)
+        assert sorted(da) == sorted(db)
+        for k in da:
+            d = abs(da[k] - db[k]) / max(abs(da[k]), abs(db[k]), PLAN_FLOOR)
+            assert d <= PLAN_RTOL, f"iteration {ra['iteration']} {k}: {da[k]} vs {db[k]} ({d:.1e})"
