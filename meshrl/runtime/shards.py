@@ -69,6 +69,12 @@ class Piece:
     put: Callable[[torch.Tensor], None]
 
 
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``t`` (one copy, also from a GPU)."""
+    t = t.detach()
+    return t.cpu() if t.device.type != "cpu" else t.clone()
+
+
 def _first(sm, rank: int, name: str, same_dp: bool) -> bool:
     """Whether ``rank`` is the first rank in mesh order holding its slice of ``name`` (within its
     data-parallel replica index when ``same_dp``: ZeRO chunks differ between dp ranks)."""
@@ -94,7 +100,7 @@ def role_pieces(role: str, pm: ParallelModel, rank: int) -> list[Piece]:
         sl = held[name]
         rect = (tuple(a for a, _ in sl), tuple(b - a for a, b in sl))
         out.append(Piece(f"{role}/param/{name}", sm.shapes[name], p.dtype, rect, _first(sm, rank, name, False),
-                         lambda p=p: p.detach().cpu().clone(), lambda t, p=p: p.data.copy_(t)))
+                         lambda p=p: _host(p), lambda t, p=p: p.data.copy_(t)))
     opt = pm.optimizer
     if opt is None:
         return out
@@ -115,7 +121,7 @@ def role_pieces(role: str, pm: ParallelModel, rank: int) -> list[Piece]:
                 view = flat.view(-1)[start - lo:start - lo + n]
                 rect = (tuple(o + a for o, a in zip(offs, origin, strict=True)), sizes)
                 out.append(Piece(f"{role}/{kind}/{name}", sm.shapes[name], flat.dtype, rect, write,
-                                 lambda v=view, s=sizes: v.detach().cpu().clone().view(s),
+                                 lambda v=view, s=sizes: _host(v).view(s),
                                  lambda t, v=view: v.copy_(t.reshape(-1))))
     return out
 
