@@ -107,8 +107,8 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
 
     try:
         with RankPool(nprocs, timeout=timeout_s) as pool:
-            return pool.run(rank_main, cfg, plan, str(out), start, timeout_s, str(status), quiet, 1, progress,
-                            timeout=JOB_DEADLINE_S)[0]
+            return pool.run(rank_main, cfg, plan, str(out), start, timeout_s, str(status), quiet,
+                            cfg.train.save_every, progress, timeout=JOB_DEADLINE_S)[0]
     except RankError as e:
         raise RuntimeError(_failure(status, e)) from None
 
@@ -134,7 +134,8 @@ def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
-        return rank_main(cfg, plan, out, start, timeout_s, str(status) if status else None, quiet, 1, progress)
+        return rank_main(cfg, plan, out, start, timeout_s, str(status) if status else None, quiet,
+                         cfg.train.save_every, progress)
     finally:
         dist.destroy_process_group()
 
@@ -171,7 +172,7 @@ def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout
         plan_json, start, error = box[0]
         if error is not None:
             raise UserError(error)
-        return rank_main(cfg, ExecutionPlan.from_json(plan_json), str(out), start, timeout_s, None, quiet, 1,
-                         progress)
+        return rank_main(cfg, ExecutionPlan.from_json(plan_json), str(out), start, timeout_s, None, quiet,
+                         cfg.train.save_every, progress)
     finally:
         dist.destroy_process_group()

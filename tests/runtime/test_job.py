@@ -21,7 +21,7 @@ import torch
 from meshrl.runtime.checkpoint import ShardReader
 
 ARGS = ["algo=ppo", "data.batch_size=4", "data.gen_len=4", "sft.steps=2", "sft.batch_size=8",
-        "train.iterations=3", "--nprocs", "2", "--plan", "disaggregated", "--no-progress"]
+        "train.iterations=3", "train.save_every=1", "--nprocs", "2", "--plan", "disaggregated", "--no-progress"]
 
 
 def _tagged_pids(tag: str) -> list[int]:

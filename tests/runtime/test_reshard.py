@@ -113,7 +113,7 @@ def test_four_ranks_heuristic_resumes_on_two_ranks_colocated(tmp_path, capsys, m
         _run(tmp_path / "a", 2, ["--nprocs", "4", "--plan", "heuristic"])
         cfg: list[str] = []
     else:
-        cfg = ["train.off_policy=1"]
+        cfg = ["train.off_policy=1", "train.save_every=1"]  # the checkpoint of iteration 1
         monkeypatch.setenv("MESHRL_FAULT", "1:critic_train@2")  # rank 1 dies in iteration 2
         args = [*ITEMS, "train.iterations=4", *cfg, "--nprocs", "4", "--plan", "heuristic"]
         assert main(["train", *args, "--out", str(tmp_path / "a"), "--no-progress"]) == 1
