@@ -16,7 +16,6 @@ The gain and the decision depend on measured times, so they are reported under `
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from ..config import Config
@@ -63,8 +62,7 @@ def decide(cfg: Config, plan: ExecutionPlan, records: list[dict], after: int) ->
 
     if len(records) < 2:
         return Decision(after, 0.0, 0.0, None, f"{len(records)} iteration(s) under this plan; 2 are needed")
-    pcfg = copy.deepcopy(cfg)
-    problem, _ = _problem(pcfg, plan.cluster)
+    problem, _ = _problem(cfg, plan.cluster)  # (a copy of cfg with this cluster; CPU fallback as --plan)
     fit = refit(problem, plan, records, rule_calls(cfg, plan))
     # capped in time too: the other ranks wait for the decision within train.timeout
     found = search(fit.problem, steps=cfg.replan.search_steps, seed=cfg.train.seed, time_limit_s=cfg.train.timeout / 4)

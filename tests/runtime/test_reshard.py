@@ -192,3 +192,21 @@ def test_a_bad_plan_is_replanned_during_the_run_and_the_numbers_do_not_change(tm
         for k in da:
             d = abs(da[k] - db[k]) / max(abs(da[k]), abs(db[k]), PLAN_FLOOR)
             assert d <= PLAN_RTOL, f"iteration {ra['iteration']} {k}: {da[k]} vs {db[k]} ({d:.1e})"
+
+
+def test_resume_with_plan_search_keeps_the_saved_plan(tmp_path):
+    """--resume --plan search on the same world size runs the plan saved with the checkpoint (the
+    searched or re-planned one) rather than searching again; another world size searches."""
+    from meshrl.algo.graph import graph_for
+    from meshrl.runtime.checkpoint import FORMAT
+    from meshrl.runtime.job import prepare
+
+    cfg = load_config(None, ITEMS + ["train.iterations=3"])
+    ck = tmp_path / "ckpt-000000"
+    ck.mkdir()
+    _bad_plan(ck / "plan.json", graph_for("ppo").names)
+    (ck / "meta.json").write_text(json.dumps({"format": FORMAT, "iteration": 0, "world": 2, "ahead": None}))
+    plan, start = prepare(cfg, "search", 2, tmp_path, resume=True, quiet=True)
+    assert start == 1 and plan.strategy == "one-rank"
+    plan, start = prepare(cfg, "search", 4, tmp_path, resume=True, quiet=True)
+    assert start == 1 and plan.cluster.size == 4 and plan.strategy != "one-rank"
