@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -125,6 +126,8 @@ def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels
         tmp.mkdir(parents=True)
     comm.barrier(comm.control(None), wait)
     _rank_files(tmp, rank, roles, ahead)
+    if os.environ.get("MESHRL_FAULT") == f"{rank}:checkpoint@{iteration}":  # tests: die mid-save
+        os._exit(3)
     comm.barrier(comm.control(None), wait)
     if rank == 0:
         (tmp / "index.json").write_text(json.dumps(_index(tmp, world)))

@@ -210,3 +210,21 @@ def test_resume_with_plan_search_keeps_the_saved_plan(tmp_path):
     assert start == 1 and plan.strategy == "one-rank"
     plan, start = prepare(cfg, "search", 4, tmp_path, resume=True, quiet=True)
     assert start == 1 and plan.cluster.size == 4 and plan.strategy != "one-rank"
+
+
+def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    """Rank 1 dies right after writing its part of the checkpoint of iteration 1 (rank 0 has not
+    renamed it): ckpt-000000 is still the newest complete one, and --resume from it ends with the
+    uninterrupted run's weights, bit for bit."""
+    from safetensors.torch import load_file
+
+    args = ["train.save_every=1", "--nprocs", "2", "--plan", "colocated"]
+    monkeypatch.setenv("MESHRL_FAULT", "1:checkpoint@1")
+    assert main(["train", *ITEMS, "train.iterations=3", *args, "--out", str(tmp_path / "a"), "--no-progress"]) == 1
+    monkeypatch.delenv("MESHRL_FAULT")
+    assert (tmp_path / "a/.ckpt-tmp/rank1.safetensors").is_file()
+    assert latest_checkpoint(tmp_path / "a").name == "ckpt-000000"
+    _run(tmp_path / "a", 3, args + ["--resume"])
+    _run(tmp_path / "b", 3, args)
+    got, want = load_file(tmp_path / "a/actor/model.safetensors"), load_file(tmp_path / "b/actor/model.safetensors")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
