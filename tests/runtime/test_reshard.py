@@ -228,3 +228,58 @@ def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path,
     _run(tmp_path / "b", 3, args)
     got, want = load_file(tmp_path / "a/actor/model.safetensors"), load_file(tmp_path / "b/actor/model.safetensors")
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def _tied_state(mcfg, spec: str, seed: int):
+    """This rank's RoleModels of a tied-embedding model at ``spec`` after one AdamW step from
+    full-tensor gradients (the same on every holder of a slice, as after a real reduction)."""
+    from meshrl.layout.mesh import Placement
+    from meshrl.model.config import param_shapes
+    from meshrl.parallel.data import AdamWConfig
+    from meshrl.parallel.model import ParallelModel
+    from meshrl.runtime.roles import RoleModels
+
+    torch.set_num_threads(1)
+    pl = Placement.parse(spec)
+    g = torch.Generator().manual_seed(seed)
+    full = {n: torch.randn(s, generator=g) for n, s in param_shapes(mcfg).items()}
+    pm = ParallelModel.from_state(mcfg, pl, process_cache(TIMEOUT), full, optim=AdamWConfig(lr=1e-2))
+    if pm is not None:
+        for name, sl in pm.sm.params_of(torch.distributed.get_rank()).items():
+            pm.named[name].grad = full[name][tuple(slice(a, b) for a, b in sl)].sin().clone()
+        pm.optimizer.step()
+    return RoleModels("actor", mcfg, pl, True, models={pl: pm} if pm is not None else {})
+
+
+def tied_save(mcfg, spec: str, out: str) -> None:
+    save_checkpoint(out, 0, {"actor": _tied_state(mcfg, spec, 0)}, "{}", timeout_s=TIMEOUT)
+
+
+def tied_reload(mcfg, spec: str, src: str, dst: str) -> None:
+    roles = {"actor": _tied_state(mcfg, spec, 1)}  # other weights and moments, overwritten by the load
+    load_checkpoint(latest_checkpoint(src), roles)
+    save_checkpoint(dst, 0, roles, "{}", timeout_s=TIMEOUT)
+
+
+def test_tied_embeddings_on_two_stages_are_written_once_and_reshard_exactly(tmp_path):
+    """A tied embedding is held by the first and the last pipeline stage (each with its ZeRO-1
+    chunks); it is written once, and pp2 -> dp2 x pp2 -> dp4 -> pp4 reads back bit for bit."""
+    from meshrl.model.config import ModelConfig
+
+    mcfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, model_type="qwen2")
+    specs = ["dp1tp2pp2@0-3", "dp2tp1pp2@0-3", "dp4tp1pp1@0-3", "dp1tp1pp4@0-3"]
+    with RankPool(WORLD, timeout=300) as pool:
+        pool.run(tied_save, mcfg, specs[0], str(tmp_path / "0"))
+        for i, spec in enumerate(specs[1:], 1):
+            pool.run(tied_reload, mcfg, spec, str(tmp_path / str(i - 1)), str(tmp_path / str(i)))
+    readers = [ShardReader(latest_checkpoint(tmp_path / str(i))) for i in range(len(specs))]
+    keys = sorted(readers[0].index["tensors"])
+    assert "actor/exp_avg/model.embed_tokens.weight" in keys and not any("lm_head" in k for k in keys)
+    emb = readers[0].index["tensors"]["actor/param/model.embed_tokens.weight"]["chunks"]
+    assert len(emb) == 2  # tp2: two slices, each written by one of its two holders (stage 0, stage 1)
+    for r in readers[1:]:
+        assert sorted(r.index["tensors"]) == keys
+        for k in keys:
+            assert torch.equal(r.full(k), readers[0].full(k)), k
+    assert readers[0].full("actor/exp_avg/model.embed_tokens.weight").abs().max() > 0
