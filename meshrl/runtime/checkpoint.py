@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections import Counter
 import os
 import shutil
 from pathlib import Path
@@ -76,6 +77,8 @@ def _rank_files(tmp: Path, rank: int, roles: dict[str, RoleModels], ahead: dict 
     pieces = [p for rm in roles.values() if rm.home in rm.models for p in role_pieces(rm.name, rm.models[rm.home], rank)
               if p.write]
     tensors = {_tensor_name(p): p.get().contiguous() for p in pieces}
+    users = Counter(t.untyped_storage().data_ptr() for t in tensors.values())
+    tensors = {k: t.clone() if users[t.untyped_storage().data_ptr()] > 1 else t for k, t in tensors.items()}
     if rank == 0:
         tensors["rng"] = torch.get_rng_state()  # equal on every rank (seeded alike; data RNG is keyed)
     save_file(tensors, tmp / f"rank{rank}.safetensors")

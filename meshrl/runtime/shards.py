@@ -70,9 +70,9 @@ class Piece:
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
-    """A host copy of ``t`` (one copy, also from a GPU)."""
-    t = t.detach()
-    return t.cpu() if t.device.type != "cpu" else t.clone()
+    """``t`` on the host: a copy from a GPU, the tensor itself (a view) on a CPU; the writer
+    copies only views that share storage (checkpoint._rank_files), as safetensors requires."""
+    return t.detach().cpu()
 
 
 def _first(sm, rank: int, name: str, same_dp: bool) -> bool:

@@ -87,6 +87,14 @@ def test_a_state_read_under_other_plans_is_the_same_state(tmp_path, dtype):
     assert moved, "AdamW's moments are all zero: the test would not see them lost"
 
 
+@pytest.fixture(scope="module")
+def colocated2(tmp_path_factory):
+    """The uninterrupted 2-rank colocated run of 4 iterations (sync), shared by the tests here."""
+    out = tmp_path_factory.mktemp("colocated2") / "run"
+    _run(out, 4, ["--nprocs", "2", "--plan", "colocated"])
+    return out
+
+
 def _run(out, n: int, extra: list[str]) -> None:
     assert main(["train", *ITEMS, f"train.iterations={n}", "--out", str(out), "--no-progress", *extra]) == 0
 
@@ -104,7 +112,7 @@ def _close(a: list[dict], b: list[dict], label: str) -> float:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_four_ranks_heuristic_resumes_on_two_ranks_colocated(tmp_path, capsys, monkeypatch, mode):
+def test_four_ranks_heuristic_resumes_on_two_ranks_colocated(tmp_path, capsys, monkeypatch, colocated2, mode):
     """Issue 13 item 6: 2 iterations on 4 ranks (heuristic), then --resume --nprocs 2 --plan
     colocated with more iterations continues as the uninterrupted 2-rank colocated run.
     async (train.off_policy=1): the 4-rank job is killed in iteration 2, after the checkpoint of
@@ -123,10 +131,13 @@ def test_four_ranks_heuristic_resumes_on_two_ranks_colocated(tmp_path, capsys, m
     _run(tmp_path / "a", 4, cfg + ["--nprocs", "2", "--plan", "colocated", "--resume"])
     printed = capsys.readouterr().out
     assert "resuming from" in printed and "at iteration 2" in printed
-    _run(tmp_path / "b", 4, cfg + ["--nprocs", "2", "--plan", "colocated"])
-    a, b = read_metrics(tmp_path / "a/metrics.jsonl"), read_metrics(tmp_path / "b/metrics.jsonl")
+    ref = colocated2
+    if mode == "async":
+        ref = tmp_path / "b"
+        _run(ref, 4, cfg + ["--nprocs", "2", "--plan", "colocated"])
+    a, b = read_metrics(tmp_path / "a/metrics.jsonl"), read_metrics(ref / "metrics.jsonl")
     assert [r["iteration"] for r in a] == [r["iteration"] for r in b] == [0, 1, 2, 3]
-    assert json.loads((tmp_path / "a/plan.json").read_text()) == json.loads((tmp_path / "b/plan.json").read_text())
+    assert json.loads((tmp_path / "a/plan.json").read_text()) == json.loads((ref / "plan.json").read_text())
     worst = _close(a[2:], b[2:], f"{mode}: resumed on 2 ranks vs uninterrupted")
     print(f"{mode}: worst scaled difference after the resharded resume {worst:.1e}")
 
@@ -212,7 +223,7 @@ def test_resume_with_plan_search_keeps_the_saved_plan(tmp_path):
     assert start == 1 and plan.cluster.size == 4 and plan.strategy != "one-rank"
 
 
-def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch, colocated2):
     """Rank 1 dies right after writing its part of the checkpoint of iteration 1 (rank 0 has not
     renamed it): ckpt-000000 is still the newest complete one, and --resume from it ends with the
     uninterrupted run's weights, bit for bit."""
@@ -220,13 +231,12 @@ def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path,
 
     args = ["train.save_every=1", "--nprocs", "2", "--plan", "colocated"]
     monkeypatch.setenv("MESHRL_FAULT", "1:checkpoint@1")
-    assert main(["train", *ITEMS, "train.iterations=3", *args, "--out", str(tmp_path / "a"), "--no-progress"]) == 1
+    assert main(["train", *ITEMS, "train.iterations=4", *args, "--out", str(tmp_path / "a"), "--no-progress"]) == 1
     monkeypatch.delenv("MESHRL_FAULT")
     assert (tmp_path / "a/.ckpt-tmp/rank1.safetensors").is_file()
     assert latest_checkpoint(tmp_path / "a").name == "ckpt-000000"
-    _run(tmp_path / "a", 3, args + ["--resume"])
-    _run(tmp_path / "b", 3, args)
-    got, want = load_file(tmp_path / "a/actor/model.safetensors"), load_file(tmp_path / "b/actor/model.safetensors")
+    _run(tmp_path / "a", 4, args + ["--resume"])
+    got, want = load_file(tmp_path / "a/actor/model.safetensors"), load_file(colocated2 / "actor/model.safetensors")
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
 
 
