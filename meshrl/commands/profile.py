@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     opt = data["optimizer"]
     print(f"optimizer step (tiny model, {opt['tensors']} tensors): {opt['step_s'] * 1e3:.1f} ms, "
           f"{opt['sec_per_tensor'] * 1e6:.0f} us per tensor beyond its bytes")
+    print(f"host time per call (the runtime outside its steps): {data['host_gap']['call_host_s'] * 1e3:.2f} ms")
     print(f"wrote {path}")
     return 0
 
@@ -84,6 +85,7 @@ def run_gpu(args: argparse.Namespace) -> int:
     path.write_text(json.dumps(data, indent=2))
     mm = ", ".join(f"h={h}: {f / 1e12:.0f}" for h, f in data["matmul_bf16"].items())
     print(f"{data['gpu']}: bf16 matmul TFLOP/s {mm}; HBM {data['hbm_bw'] / 1e9:.0f} GB/s "
-          f"(datasheet {PRESETS[args.gpu].hbm_bw / 1e9:.0f}); planner peak {hw.peak_flops / 1e12:.0f} TFLOP/s")
+          f"(datasheet {PRESETS[args.gpu].hbm_bw / 1e9:.0f}); planner peak {hw.peak_flops / 1e12:.0f} TFLOP/s; "
+          f"host time per call {hw.call_host_s * 1e3:.2f} ms")
     print(f"wrote {path} (meshrl plan cluster.device={args.gpu} --profile {path})")
     return 0

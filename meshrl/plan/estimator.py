@@ -22,7 +22,7 @@ The model, per call kind (``docs/planner.md`` derives each term):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..layout.mesh import Layout
 from .call_spec import CallSpec, Estimate, Links, RunShape, mesh_links  # noqa: F401 (the estimator's API)
@@ -279,11 +279,11 @@ def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches
     """Time and per-device memory of ``spec`` under ``layout`` with ``micro_batches`` per DP rank
     (per mini-batch for train calls). The layout must suit the model (see Layout.check_model)."""
     c = _Ctx(model_costs(spec.model, spec.value_head), hw, layout, links)
-    if spec.kind == "generate":
-        return _generate(c, spec, shape, micro_batches)
-    if spec.kind == "inference":
-        return _inference(c, spec, shape, micro_batches)
-    return _train(c, spec, shape, micro_batches)
+    run = {"generate": _generate, "inference": _inference}.get(spec.kind, _train)
+    est = run(c, spec, shape, micro_batches)
+    if not hw.call_host_s:
+        return est
+    return replace(est, time_s=est.time_s + hw.call_host_s, breakdown={**est.breakdown, "host": hw.call_host_s})
 
 
 def max_micro_batches(spec: CallSpec, shape: RunShape, layout: Layout) -> int:

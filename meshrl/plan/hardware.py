@@ -129,6 +129,10 @@ class Hardware:
     hbm_eff: float = 1.0
     step_overhead: float = 0.0
     mfu_width: float = 0.0
+    # Seconds of host time per call outside every priced step (dispatch, batch split and join, host
+    # reward rules, statistics): measured by running the one-rank runtime (runtime/profile_host.py);
+    # 0 for the GPU presets until `meshrl profile --gpu` measures the host they run on.
+    call_host_s: float = 0.0
 
     def slowdown(self, busy: float) -> float:
         """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs);
@@ -286,7 +290,8 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> 
                         sources={"all": f"measured by meshrl profile ({source})"}, matmul=matmul,
                         measured=measured, layers=layers, cores=int(data.get("cores", 0)) if contention else 0,
                         contention=contention, pipeline_hop=float(data.get("pipeline", {}).get("hop_s", 0.0)),
-                        optimizer_tensor_s=float(data.get("optimizer", {}).get("sec_per_tensor", 0.0)))
+                        optimizer_tensor_s=float(data.get("optimizer", {}).get("sec_per_tensor", 0.0)),
+                        call_host_s=float(data.get("host_gap", {}).get("call_host_s", 0.0)))
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"profile {source} is malformed ({e!r}); run `meshrl profile` again") from None
 
@@ -313,8 +318,11 @@ def gpu_from_profile(hw: Hardware, data: dict, source: str = "profile") -> Hardw
     measured copy bandwidth with hbm_eff 1; everything else stays the preset's."""
     try:
         flops = max(float(f) for f in data["matmul_bf16"].values())
+        host = data.get("host_gap")
         return replace(hw, peak_flops=flops, mfu=1.0, mfu_width=0.0, hbm_bw=float(data["hbm_bw"]), hbm_eff=1.0,
-                       sources={**hw.sources, "peak_flops": f"measured ({source})", "hbm_bw": f"measured ({source})"})
+                       call_host_s=float(host["call_host_s"]) if host else hw.call_host_s,
+                       sources={**hw.sources, "peak_flops": f"measured ({source})", "hbm_bw": f"measured ({source})",
+                                **({"call_host_s": f"measured ({source})"} if host else {})})
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"GPU profile {source} is malformed ({e!r}); run `meshrl profile --gpu` again") from None
 

@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 from ..errors import UserError
 from .profile_cores import measure_cores
+from .profile_host import measure_host_gap
 from .profile_layers import linear_fit, measure_layers, measure_optimizer, median_time
 from .profile_pipeline import measure_pipeline_hop
 
@@ -140,9 +141,10 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
                 colls[kind][str(world)] = fit
     cores = measure_cores(quick, timeout_s)  # cores, threads_per_rank, contention
     pipeline = measure_pipeline_hop(reps, timeout_s)  # per stage boundary of a decoding step
+    host_gap = measure_host_gap(quick, timeout_s)  # the runtime's host time per call
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"version": 1, "device": "cpu", "host": platform.node(), "cpus": os.cpu_count(), **cores,
             "torch": torch.__version__, "dtype": "float32", "dtype_bytes": 4,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": quick,
             "matmul": matmul, "layers": layers, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls,
-            "pipeline": pipeline, "optimizer": optimizer}
+            "pipeline": pipeline, "optimizer": optimizer, "host_gap": host_gap}

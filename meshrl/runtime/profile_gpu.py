@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from .profile_host import measure_host_gap
+
 WIDTHS = (896, 1536, 4096, 8192)  # qwen2.5-0.5b/1.5b, llama2-7b, llama2-70b hidden sizes
 
 
@@ -31,7 +33,8 @@ def _timed(fn, dev: torch.device, reps: int) -> float:
 
 
 def profile_gpu(device: str, quick: bool = False) -> dict:
-    """{"device": preset name, "gpu": CUDA name, "matmul_bf16": {h: FLOP/s}, "hbm_bw": bytes/s}."""
+    """{"device": preset name, "gpu": CUDA name, "matmul_bf16": {h: FLOP/s}, "hbm_bw": bytes/s,
+    "host_gap": {"call_host_s": seconds, ...}} (runtime/profile_host.py)."""
     dev = torch.device("cuda", torch.cuda.current_device())
     reps = 3 if quick else 10
     matmul = {}
@@ -44,4 +47,5 @@ def profile_gpu(device: str, quick: bool = False) -> dict:
     dst = torch.empty_like(src)
     sec = _timed(lambda: dst.copy_(src), dev, reps)
     return {"device": device, "gpu": torch.cuda.get_device_name(dev), "matmul_bf16": matmul,
-            "hbm_bw": 2 * src.numel() / sec, "torch": torch.__version__}
+            "hbm_bw": 2 * src.numel() / sec, "torch": torch.__version__,
+            "host_gap": measure_host_gap(quick)}  # the runtime on this GPU and its host: time per call

@@ -115,8 +115,9 @@ def test_profile_quick_writes_a_profile_the_planner_reads(capsys, tmp_path):
     assert slow["1"] == 1.0 and slow["2"] > 0 and data["contention"]["seconds_per_step_alone"] > 0
     assert data["pipeline"]["hop_s"] >= 0 and set(data["pipeline"]["per_batch"]) == {"8", "32"}
     assert data["optimizer"]["step_s"] > 0 and data["optimizer"]["sec_per_tensor"] >= 0
+    assert data["host_gap"]["calls"] == 6 and 0 < data["host_gap"]["call_host_s"] < 1.0
     out = capsys.readouterr().out
-    assert "usable cores" in out and "pipeline hop" in out
+    assert "usable cores" in out and "pipeline hop" in out and "host time per call" in out
     assert main(["plan", "cluster.device=cpu", "cluster.devices_per_node=2", "--profile", str(path), "--json",
                  "--steps", "200"]) == 0
     plan = json.loads(capsys.readouterr().out)

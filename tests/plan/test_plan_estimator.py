@@ -122,3 +122,29 @@ def test_response_lengths_drive_the_estimate_as_the_engine_runs_a_batch():
     # The KV cache is sized for the budget, unless a paged engine holds only the tokens it runs.
     assert est("generate", shape=measured).mem_bytes == est("generate", shape=full).mem_bytes
     assert est("generate", shape=packed).mem_bytes < est("generate", shape=full).mem_bytes
+
+
+@pytest.mark.parametrize("kind", ["generate", "inference", "train"])
+def test_every_call_pays_the_measured_host_time_once(kind):
+    """``call_host_s`` (measured by `meshrl profile`: the runtime's time outside its steps, per call)
+    is added once to each call, whatever its size or layout; none for the presets, which measured none."""
+    from dataclasses import replace
+
+    assert H100.call_host_s == 0.0 and "host" not in est(kind).breakdown
+    hw = replace(H100, call_host_s=2e-3)
+    for layout in (Layout(), Layout(2, 2, 1)):
+        base = est(kind, layout)
+        got = estimate_call(CallSpec("c", "actor", kind, SEVEN), SHAPE, layout, 1, hw, Links())
+        assert got.time_s == pytest.approx(base.time_s + 2e-3) and got.breakdown["host"] == 2e-3
+
+
+def test_host_time_is_what_the_runtime_spends_outside_its_steps():
+    from meshrl.runtime.profile_host import host_gap
+
+    recs = [{"time/iteration": 9.0, "time/call/a": 1.0},  # the warm-up iteration is left out
+            {"time/iteration": 1.0, "time/call/a": 0.3, "time/call/b": 0.4, "time/realloc/b": 0.1},
+            {"time/iteration": 1.2, "time/call/a": 0.3, "time/call/b": 0.4, "time/transfer/a>b": 0.1},
+            {"time/iteration": 1.1, "time/call/a": 0.3, "time/call/b": 0.4}]
+    got = host_gap(recs)
+    assert got["calls"] == 2 and got["iterations"] == 3
+    assert got["call_host_s"] == pytest.approx(0.4 / 2)  # gaps 0.2, 0.4, 0.4: the median over 2 calls
