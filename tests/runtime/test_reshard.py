@@ -24,7 +24,12 @@ from runtime_util import WORLD, random_plan
 TIMEOUT = 120.0
 ITEMS = ["data.batch_size=8", "data.gen_len=6", "sft.steps=30", "sft.batch_size=16",
          "reward.rule=numeric_distance", "ppo.mini_batches=2"]
-RTOL, FLOOR = 1e-4, 0.1  # relative, against max(|a|, |b|, FLOOR) (test_one_path.py's scale)
+# relative, against max(|a|, |b|, FLOOR) (test_one_path.py's scale). The issue asks 1e-4 after a
+# resharded resume; measured 7.5e-5 (sync) before merging main on 2026-11-30 and 1.0e-4 after
+# (actor/grad_norm, iteration 2): that is the plan-invariance noise of the first two iterations
+# (4 ranks dp1tp4 against 2 ranks dp2), not the resharding, which is exact (the tests below), so
+# this test takes the plan-invariance tolerance of tests/runtime/test_plans_equal.py.
+RTOL, FLOOR = 3e-4, 0.1
 
 
 def test_flat_ranges_are_cut_into_rectangles_in_order():
@@ -140,6 +145,26 @@ def test_four_ranks_heuristic_resumes_on_two_ranks_colocated(tmp_path, capsys, m
     assert json.loads((tmp_path / "a/plan.json").read_text()) == json.loads((ref / "plan.json").read_text())
     worst = _close(a[2:], b[2:], f"{mode}: resumed on 2 ranks vs uninterrupted")
     print(f"{mode}: worst scaled difference after the resharded resume {worst:.1e}")
+
+
+def test_another_world_size_under_the_same_layout_continues_bit_for_bit(tmp_path, colocated2):
+    """4 ranks whose every call runs dp2 on ranks 2-3 (the 2-rank colocated layout, on other ranks)
+    for 2 iterations, then --resume --nprocs 2 --plan colocated: the same reductions in the same
+    order, so every figure and the final weights equal the uninterrupted 2-rank run's exactly; any
+    loss in the resharding (weights, ZeRO-1 moments, step, RNG) would show."""
+    from meshrl.algo.graph import graph_for
+    from safetensors.torch import load_file
+
+    calls = {n: {"mesh": "2-3", "layout": "dp2tp1pp1", "micro_batches": 1} for n in graph_for("ppo").names}
+    plan = tmp_path / "upper.json"
+    plan.write_text(json.dumps({"cluster": {"nodes": 1, "devices_per_node": 4, "device": "cpu"}, "strategy": "upper",
+                                "keep_copies": False, "offload_frozen": False, "calls": calls}))
+    _run(tmp_path / "a", 2, ["--nprocs", "4", "--plan", str(plan)])
+    _run(tmp_path / "a", 4, ["--nprocs", "2", "--plan", "colocated", "--resume"])
+    a, b = read_metrics(tmp_path / "a/metrics.jsonl"), read_metrics(colocated2 / "metrics.jsonl")
+    assert [deterministic_part(r) for r in a] == [deterministic_part(r) for r in b]
+    got, want = load_file(tmp_path / "a/actor/model.safetensors"), load_file(colocated2 / "actor/model.safetensors")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_one_rank_and_two_ranks_resume_each_other(tmp_path):
