@@ -73,6 +73,8 @@ class TrainConfig:
     dtype: str = "auto"  # float32 | bfloat16 (bf16 weights/activations/grads, fp32 master + AdamW
     # moments sharded by ZeRO-1, fp32 log-probs and losses); auto: bfloat16 on CUDA, float32 on a CPU
     activation_checkpointing: bool = False  # recompute each layer's activations in the backward
+    grad_bucket_mb: float = 25.0  # data-parallel gradient all-reduce bucket, MiB (PyTorch DDP's default)
+    overlap_grad_reduce: bool = True  # all-reduce each bucket as the last micro-batch's backward fills it
 
 
 @dataclass

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ..errors import UserError
 
-# What a run writes into OUT (meshrl/runtime/checkpoint.py, run.py, observe/, the exported model).
+# What a run writes into OUT (meshrl/runtime/checkpoint.py, run.py, warmup.py, observe/, the exported model).
 RUN_ENTRIES = ("config.yaml", "plan.json", "metrics.jsonl", "trace.json", "tensorboard", "actor", "reward",
-               ".ranks", ".ckpt-tmp")
+               "sft-warmup", ".ranks", ".ckpt-tmp")
 CKPT_GLOB = "ckpt-*"
 
 

@@ -186,8 +186,9 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
     trained = "reward" if cfg.algo == "rm" else "actor"
     if is_demo and cfg.algo != "rm" and (out / trained).is_dir():
         print("greedy answers of the trained actor: " + examples(out / trained))
+    warm = ", sft-warmup/ (the SFT warm-up's actor)" if (out / "sft-warmup").is_dir() else ""
     print(f"outputs in {out}/: config.yaml, plan.json, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
-          f"trace.json (Perfetto), ckpt-*/ (--resume), {trained}/ (Hugging Face checkpoint)")
+          f"trace.json (Perfetto), ckpt-*/ (--resume), {trained}/ (Hugging Face checkpoint){warm}")
     return 0
 
 

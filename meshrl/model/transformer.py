@@ -91,7 +91,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache | None = None, start: int = 0) -> torch.Tensor:
         """x [B, S, hidden]; mask [B, 1, S, T] boolean (True = attend), T = start + S; or None for
-        plain causal attention without a cache (then SDPA takes its is_causal path)."""
+        plain causal attention over S = T keys (then SDPA takes its is_causal path)."""
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, -1, self.head_dim)  # [B, S, Hq, D]
         k = self.k_proj(x).view(b, s, -1, self.head_dim)  # [B, S, Hkv, D]
@@ -167,6 +167,15 @@ def build_mask(key_mask: torch.Tensor, q_len: int, sliding_window: int | None = 
     return allowed[:, None]
 
 
+def right_padded(key_mask: torch.Tensor | None) -> bool:
+    """key_mask [B, T] (1 = real token; None = no padding) -> whether every row is real tokens
+    followed only by pads (no pad before a real token), so plain causal attention at positions
+    0..T-1 gives every real token what the padded mask gives it. One host sync on a GPU."""
+    if key_mask is None or key_mask.shape[1] < 2:
+        return True
+    return bool((key_mask[:, 1:] <= key_mask[:, :-1]).all())
+
+
 def positions_from_mask(key_mask: torch.Tensor) -> torch.Tensor:
     """key_mask [B, T] -> positions [B, T]: index among real tokens (pads get 0 or their run value)."""
     return (key_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -201,14 +210,16 @@ class Backbone(nn.Module):
             tokens = attention_mask.gather(1, slots)
             mask = build_mask(attention_mask, s, self.cfg.sliding_window, q_start=start)
         else:
-            plain_causal = attention_mask is None and caches is None and start == 0 and (
+            plain_causal = start == 0 and right_padded(attention_mask) and (
                 self.cfg.sliding_window is None or s <= self.cfg.sliding_window)
             if attention_mask is None:
                 attention_mask = torch.ones(b, start + s, dtype=torch.long, device=h.device)
             pos = positions_from_mask(attention_mask)[:, start:start + s]
             tokens = attention_mask[:, start:start + s]
-            # Unpadded batches skip building the [B, 1, S, S] mask and take SDPA's causal path
-            # (measured on par or slightly faster on CPU; see docs/model.md).
+            # Batches without left padding skip building the [B, 1, S, S] mask and take SDPA's
+            # causal path (flash / memory-efficient kernels on a GPU; on par or slightly faster on
+            # CPU, docs/model.md). Right padding changes no real token's output there: a real query
+            # sees only earlier keys, all real, at the same positions; pad rows are ignored downstream.
             mask = None if plain_causal else build_mask(attention_mask, s, self.cfg.sliding_window)
         cos, sin = rope_cos_sin(pos, self.cfg, h.dtype)
         for i, layer in enumerate(self.layers):

@@ -126,6 +126,12 @@ def all_reduce(t: torch.Tensor, group: ProcessGroup | None, op: dist.ReduceOp = 
     return dist.all_reduce(t, op=op, group=group, async_op=async_op)
 
 
+def wait(work: dist.Work, timeout: datetime.timedelta) -> None:
+    """Wait for asynchronous work (``async_op=True``) with a deadline: a rank that never joins
+    the collective fails this one instead of hanging it."""
+    work.wait(timeout)
+
+
 def all_gather(parts: list[torch.Tensor], t: torch.Tensor, group: ProcessGroup | None) -> None:
     _check_data(t, *parts)
     dist.all_gather(parts, t, group=group)

@@ -26,6 +26,7 @@ from . import comm
 from .groups import Axis, RankGroups
 
 
+IMPLS = ("fused", "foreach", "loop")
 BUCKET_BYTES = 25 << 20  # gradient all-reduce and ZeRO-1 all-gather bucket (PyTorch DDP's default size)
 
 
@@ -89,7 +90,7 @@ class AdamWConfig:
     max_grad_norm: float = 1.0  # <= 0: no clipping
     # (parameter-name prefix, lr multiplier): e.g. a reward model's fresh score head learns faster
     lr_scales: tuple[tuple[str, float], ...] = ()
-    foreach: bool | None = None  # multi-tensor AdamW; None: on a GPU only (see ZeroAdamW)
+    impl: str | None = None  # torch AdamW's kernels: fused | foreach | loop; None: fused (see ZeroAdamW)
 
 
 class ZeroAdamW:
@@ -122,12 +123,16 @@ class ZeroAdamW:
             self.chunks.append(nn.Parameter(view if p.dtype == torch.float32 else view.float().clone()))
         groups = [{"params": [c for c, x in zip(self.chunks, scales, strict=True) if x == scale], "lr": cfg.lr * scale}
                   for scale in dict.fromkeys(scales)]
-        # foreach (multi-tensor kernels: a few launches per step instead of a dozen per tensor) on a
-        # GPU, where launches dominate; on a CPU the per-tensor loop, whose cost the CPU profile measured
-        # (meshrl/runtime/profile_layers.py measures this very class, so each device prices its own).
-        foreach = cfg.foreach if cfg.foreach is not None else any(p.is_cuda for p in self.params)
-        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, foreach=foreach)
+        # torch's fused kernel: on a GPU one launch per step for all chunks (launches dominate
+        # there); on a CPU measured 0.20x (fp32) and 0.58x (bf16 weights) the per-tensor loop's
+        # time, with foreach no faster than the loop (1.06x, 1.35x), and the same weights after 30
+        # steps (bench/adamw_impl.py, tiny preset). meshrl/runtime/profile_layers.py times this very
+        # class, so a CPU profile prices what runs.
+        self.impl = cfg.impl or "fused"
+        if self.impl not in IMPLS:
+            raise ValueError(f"AdamW impl {self.impl!r}: expected one of {IMPLS}")
+        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                     foreach=self.impl == "foreach", fused=self.impl == "fused" or None)
         self._gather_buckets = self._buckets()
         self._init_state()
 
@@ -139,7 +144,9 @@ class ZeroAdamW:
         the memory the planner predicts is there in every call."""
         for g in self.opt.param_groups:
             for c in g["params"]:
-                self.opt.state[c] = {"step": torch.tensor(0.0, dtype=torch.float32),
+                # the fused kernel reads the step count on the parameter's device, the others on the host
+                step_dev = c.device if self.impl == "fused" else "cpu"
+                self.opt.state[c] = {"step": torch.tensor(0.0, dtype=torch.float32, device=step_dev),
                                      "exp_avg": torch.zeros_like(c, memory_format=torch.preserve_format),
                                      "exp_avg_sq": torch.zeros_like(c, memory_format=torch.preserve_format)}
 
@@ -220,11 +227,14 @@ class ZeroAdamW:
 
 
 def sync_grads(named: dict[str, nn.Parameter], groups: RankGroups, kv_names: list[str],
-               tied_embedding: bool, bucket_bytes: int = BUCKET_BYTES, tp_names: list[str] = ()) -> None:
+               tied_embedding: bool, bucket_bytes: int = BUCKET_BYTES, tp_names: list[str] = (),
+               dp_done: bool = False) -> None:
     """Make every local gradient the full mini-batch gradient of its slice:
     tied embedding copies summed over the first/last stage, replicated KV heads summed over their
     holders, replicated weights used inside the tp region (Qwen3's per-head q/k norms, each rank
-    seeing only its heads: ``tp_names``) summed over tp, then everything summed over dp."""
+    seeing only its heads: ``tp_names``) summed over tp, and everything summed over dp (unless
+    ``dp_done``: the overlapped reduction of parallel/overlap.py did it during the backward; the
+    sums commute, so the order changes only rounding)."""
     for p in named.values():
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -232,4 +242,5 @@ def sync_grads(named: dict[str, nn.Parameter], groups: RankGroups, kv_names: lis
         all_reduce_grads([named["model.embed_tokens.weight"]], groups.tied)
     all_reduce_grads([named[n] for n in kv_names], groups.kv)
     all_reduce_grads([named[n] for n in tp_names], groups.tp)
-    all_reduce_grads(list({id(p): p for p in named.values()}.values()), groups.dp, bucket_bytes)
+    if not dp_done:
+        all_reduce_grads(list({id(p): p for p in named.values()}.values()), groups.dp, bucket_bytes)

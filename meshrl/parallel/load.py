@@ -99,7 +99,13 @@ class SafetensorsLoader:
             part = self._open[path].get_slice(name)[_index(sl)]
         except Exception as e:  # safetensors raises its own error types
             raise UserError(f"{path}: cannot read tensor {name!r} ({e})") from None
-        return part.to(self.dtype).contiguous()
+        # Always a new tensor: an open safetensors file hands out views of its one memory map, so
+        # the roles built from one checkpoint (actor, ref, the critic's backbone) would share
+        # storage, and each optimizer step would move them all (the ref's KL stayed 0 and the
+        # critic trained the actor's weights: docs/runtime.md, "Determinism").
+        out = torch.empty(part.shape, dtype=self.dtype)
+        out.copy_(part)
+        return out
 
 
 class ValueFromCausal:

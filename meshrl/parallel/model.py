@@ -29,6 +29,7 @@ from ..model.moe import set_moe_aux
 from . import comm
 from .data import BUCKET_BYTES, AdamWConfig, ZeroAdamW, clip_grad_norm, counted_names, sync_grads
 from .generate import pipelined_generate
+from .overlap import GradBuckets
 from .groups import GroupCache, RankGroups
 from .pipeline import Pipe, infer, train_1f1b
 from .stage import SliceLoader, Stage, loader_from_state
@@ -40,7 +41,8 @@ class ParallelModel:
 
     def __init__(self, cfg: ModelConfig, groups: RankGroups, load: SliceLoader, value_head: bool = False,
                  optim: AdamWConfig | None = None, timeout_s: float = 300.0,
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False, grad_bucket_bytes: int = BUCKET_BYTES,
+                 overlap_grad_reduce: bool = True) -> None:
         """Build this rank's part; ``groups`` from ``GroupCache.for_placement(placement,
         cfg.num_key_value_heads)`` (which every rank of the world calls). See ``create``."""
         placement = groups.placement
@@ -61,7 +63,10 @@ class ParallelModel:
         tp_split = placement.layout.tp > 1
         self._tp_names = [n for n in self.named if tp_split and (".q_norm." in n or ".k_norm." in n)]
         self._tied = cfg.tie_word_embeddings and not value_head
-        self.dp_bucket_bytes = BUCKET_BYTES  # gradient all-reduce bucket (PyTorch DDP's default size)
+        self.dp_bucket_bytes = grad_bucket_bytes  # gradient all-reduce bucket (default: PyTorch DDP's size)
+        # the dp all-reduce runs bucket by bucket during the last micro-batch's backward (overlap.py)
+        self.overlap_grad_reduce = overlap_grad_reduce
+        self._grad_buckets: GradBuckets | None = None
 
     @classmethod
     def create(cls, cfg: ModelConfig, placement: Placement, cache: GroupCache, load: SliceLoader | None,
@@ -167,12 +172,19 @@ class ParallelModel:
             h = self._run_stage(run, x)
             return loss_fn(pad_head(self._head(h, run, entropy), lo, width), micro[i]) if self.stage.last else h
 
+        buckets = self._overlap_buckets()
+        if buckets is not None:
+            buckets.prepare()
         set_moe_aux(self.stage, moe_aux)  # the router balance loss, injected at each MoE layer
         try:
-            losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape([c[0] for c in cut]), self.dtype)
+            losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape([c[0] for c in cut]), self.dtype,
+                                before_last_backward=None if buckets is None else buckets.arm)
         finally:
             set_moe_aux(self.stage, 0.0)
-        sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes, self._tp_names)
+        if buckets is not None:
+            buckets.finish()  # the dp sums are complete here
+        sync_grads(self.named, self.groups, self._kv_names, self._tied, self.dp_bucket_bytes, self._tp_names,
+                   dp_done=buckets is not None)
         # the loss is a float64 statistic: summed and broadcast on the control plane
         loss = float(torch.stack(losses).double().sum().item()) if losses else 0.0
         if self.groups.dp.group is not None:
@@ -180,6 +192,19 @@ class ParallelModel:
         if self.groups.pp.group is not None:
             loss = comm.broadcast_floats([loss], self.groups.pp.ranks[-1], self.groups.pp.group)[0]
         return loss
+
+    def _overlap_buckets(self) -> GradBuckets | None:
+        """The overlapped dp reduction's buckets (made at the first use, with the current bucket
+        size), or None when there is no dp axis or the overlap is off."""
+        if not self.overlap_grad_reduce or self.groups.dp.group is None:
+            return None
+        b = self._grad_buckets
+        if b is None or b.bucket_bytes != self.dp_bucket_bytes:
+            if b is not None:
+                b.remove()
+            params = list({id(p): p for p in self.named.values()}.values())
+            b = self._grad_buckets = GradBuckets(params, self.groups.dp, self.dp_bucket_bytes, self.pipe.timeout)
+        return b
 
     def optimizer_step(self) -> float:
         """Clip the whole model's gradient norm, update with ZeRO-1 AdamW, clear the gradients.
@@ -237,15 +262,28 @@ def gather_full_state(sm: ShardMap, groups: RankGroups, local: Mapping[str, torc
     """Each distinct slice of replica 0 is sent once by its first holder to the mesh's first rank."""
     if groups.dp.index != 0:
         return None
-    dst, me = sm.placement.mesh.ranks[0], groups.rank
+    dst = sm.placement.mesh.ranks[0]
+    replica0 = {r for r in sm.placement.mesh.ranks if sm.placement.coords_of(r)[0] == 0}
+    out = gather_tensors(sm, list(sm.shapes), replica0, dst, groups, groups.mp.group, local, timeout)
+    return out if groups.rank == dst else None
+
+
+def gather_tensors(sm: ShardMap, names: list[str], ranks: set[int], dst: int, groups: RankGroups, group,
+                   local: Mapping[str, torch.Tensor], timeout, to_host: bool = False) -> dict[str, torch.Tensor]:
+    """Assemble each tensor of ``names`` whole on rank ``dst`` from the distinct slices ``ranks`` hold
+    (each sent once, by its first holder in ``ranks``, on ``group``, which holds them all), one
+    tensor at a time. -> {name: tensor} on ``dst`` (moved to the host as it is made with
+    ``to_host``: the device holds one whole tensor at a time); {} on the other ranks. The one
+    gather behind ``full_state_dict`` and the sharded HF export (runtime/export.py)."""
+    me = groups.rank
+    like = next(iter(local.values()))
     out: dict[str, torch.Tensor] = {}
     pending = []
-    for name, shape in sm.shapes.items():
+    for name in names:
+        full = torch.empty(sm.shapes[name], dtype=like.dtype, device=like.device) if me == dst else None
         seen: set = set()
-        like = next(iter(local.values()))
-        full = torch.empty(shape, dtype=like.dtype, device=like.device) if me == dst else None
         for r, sl in sm.holders(name):
-            if sm.placement.coords_of(r)[0] != 0 or sl in seen:
+            if r not in ranks or sl in seen:
                 continue
             seen.add(sl)
             idx = tuple(slice(a, b) for a, b in sl)
@@ -253,13 +291,13 @@ def gather_full_state(sm: ShardMap, groups: RankGroups, local: Mapping[str, torc
                 full[idx] = local[name]
             elif me == dst:
                 buf = torch.empty(tuple(b - a for a, b in sl), dtype=full.dtype, device=full.device)
-                comm.irecv(buf, r, groups.mp.group).wait(timeout)
+                comm.irecv(buf, r, group).wait(timeout)
                 full[idx] = buf
             elif r == me:
                 t = local[name].contiguous()
-                pending.append((comm.isend(t, dst, groups.mp.group), t))
+                pending.append((comm.isend(t, dst, group), t))
         if full is not None:
-            out[name] = full
+            out[name] = full.cpu() if to_host else full
     for work, _ in pending:
         work.wait(timeout)
-    return out if me == dst else None
+    return out

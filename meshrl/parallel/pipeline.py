@@ -81,8 +81,10 @@ ShapeFn = Callable[[int], tuple[int, ...]]  # micro-batch i -> hidden shape [b, 
 
 
 def train_1f1b(pipe: Pipe, n_micro: int, forward_step: StepFn, hidden_shape: ShapeFn,
-               dtype: torch.dtype) -> list[torch.Tensor]:
-    """Forward and backward every micro-batch in 1F1B order; return the last stage's losses."""
+               dtype: torch.dtype, before_last_backward: Callable[[], None] | None = None) -> list[torch.Tensor]:
+    """Forward and backward every micro-batch in 1F1B order; return the last stage's losses.
+    ``before_last_backward()`` runs right before the last micro-batch's backward on this stage
+    (the overlapped gradient reduction arms its hooks there, parallel/overlap.py)."""
     inputs: dict[int, torch.Tensor | None] = {}
     outputs: dict[int, torch.Tensor] = {}
     losses: list[torch.Tensor] = []
@@ -100,6 +102,8 @@ def train_1f1b(pipe: Pipe, n_micro: int, forward_step: StepFn, hidden_shape: Sha
 
     def bwd(i: int) -> None:
         x, out = inputs.pop(i), outputs.pop(i)
+        if i == n_micro - 1 and before_last_backward is not None:
+            before_last_backward()
         if pipe.last:
             out.backward()
         else:

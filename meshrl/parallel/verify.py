@@ -4,7 +4,7 @@ and tests/parallel use this).
 Every rank computes the single-process oracle itself (deterministic on CPU, cached per process),
 runs its part of the parallel model, and compares its own shards with the matching ShardMap slices
 of the oracle, so only a few numbers travel back to the caller. Compared: logits (this rank's
-vocabulary slice of its replica's rows), per-token log-probs and entropies, the loss and the
+vocabulary slice of its replica's rows, at real tokens), per-token log-probs and entropies, the loss and the
 gradients of the first step (before clipping), the parameters after ``steps`` AdamW steps (with
 clipping), greedy generations, and sampled generations (top-k / top-p, per-row seeds). A difference
 is ``max|parallel - oracle| / max|oracle|`` per tensor (relative to the tensor's scale), the largest
@@ -214,14 +214,18 @@ def _run_one(probe: Probe, placement: Placement, cache: GroupCache, micro_batche
     ids, mask = mine["input_ids"], mine["attention_mask"]
     res: dict = {"rank": dist.get_rank(), "layout": str(placement.layout)}
     vocab = cfg.vocab_size // placement.layout.tp
+    # logits and values are compared at real tokens: a pad position's output means nothing, and it
+    # differs where a micro-batch without left padding takes SDPA's causal path (model/transformer.py)
+    real_tok = mask.bool()
     if probe.value_head:
         vals = pm.values(ids, mask, m)
         if vals is not None:
-            res["values"] = rel_diff(vals, _rows(ref["values"], dp_n, d))
+            res["values"] = rel_diff(vals[real_tok], _rows(ref["values"], dp_n, d)[real_tok])
     else:
         logits = pm.logits(ids, mask, m)
         if logits is not None:
-            res["logits"] = rel_diff(logits, _rows(ref["logits"], dp_n, d)[..., t * vocab:(t + 1) * vocab])
+            want = _rows(ref["logits"], dp_n, d)[..., t * vocab:(t + 1) * vocab]
+            res["logits"] = rel_diff(logits[real_tok], want[real_tok])
             lp, ent = pm.logprobs(ids, mask, m, entropy=True)
             # compared where both the token and the one before it are real: the runtime trims
             # left-padding columns no row of the replica uses (their figures are 0, not the oracle's)

@@ -262,14 +262,15 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     in_flight = min(m, c.lay.pp)
     act = in_flight * b * s * c.stage_layers * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
     logits = 2 * b * s * c.mc.out_width / c.lay.tp * LOGIT_BYTES  # logits and their gradient
-    # Besides the gradients, the largest of three needs that never overlap in the runtime: the
-    # backward's activations and logits; the flat bucket all_reduce_grads concatenates (dp > 1);
-    # the optimizer step's buffers: fp32 copies of the gradient chunks (bf16 weights), then ZeRO-1's
-    # all-gather bucket (this rank's chunks and every rank's, dp + 1 chunks).
-    sync = min(grad_bytes, DP_BUCKET_BYTES) if c.lay.dp > 1 else 0.0
+    # Besides the gradients, the larger of two needs that never overlap in the runtime: the
+    # backward's activations and logits; the optimizer step's buffers: fp32 copies of the gradient
+    # chunks (bf16 weights), then ZeRO-1's all-gather bucket (this rank's chunks and every rank's,
+    # dp + 1 chunks). The dp all-reduce adds nothing: the gradients are views of its bucket buffers
+    # (parallel/overlap.py; with train.overlap_grad_reduce=false it concatenates one bucket at a
+    # time, at most min(grad_bytes, DP_BUCKET_BYTES), never more than the gather bucket below).
     fp32_grads = 4 * n_local / c.lay.dp if c.hw.dtype_bytes != 4 else 0.0
     gather = (1 + c.lay.dp) * min(grad_bytes / c.lay.dp, DP_BUCKET_BYTES) if c.lay.dp > 1 else 0.0
-    transient = grad_bytes + max(act + logits, sync, fp32_grads, gather)
+    transient = grad_bytes + max(act + logits, fp32_grads, gather)
     return Estimate((t_mb + dp + opt) * steps, flops, c.stage_param_bytes, state, transient, acc,
                     active=_busy_share(c, m))
 

@@ -119,7 +119,7 @@ class Hardware:
     # wake-up, the next stage's per-call work, the token broadcast): measured (profile_pipeline.py);
     # 0 for the GPU presets, which price the hop as p2p messages.
     pipeline_hop: float = 0.0
-    # Seconds per parameter tensor of an optimizer step beyond its bytes (foreach=False AdamW's
+    # Seconds per parameter tensor of an optimizer step beyond its bytes (the runtime's AdamW's
     # per-tensor kernels and Python): measured (profile_layers.measure_optimizer); 0 for GPU presets.
     optimizer_tensor_s: float = 0.0
     # GPU presets, fitted on the published measurements of bench/published/ (see GPU_FIT):

@@ -39,6 +39,7 @@ from ..plan.execution_plan import ExecutionPlan
 from ..plan.steps import Step, report_rank, steps
 from .roles import RoleModels, build_roles, initial_states
 from .transfer import exchange
+from .warmup import remove_temporary, warmup_dir, warmup_sharded
 
 
 @dataclass
@@ -57,7 +58,10 @@ class Engine:
     """One rank's view of a run of ``cfg`` under ``plan``."""
 
     def __init__(self, cfg: Config, plan: ExecutionPlan, cache: GroupCache, timeout_s: float = 300.0,
-                 log: Callable[[str], None] = print, status: Path | None = None, warm: bool = True) -> None:
+                 log: Callable[[str], None] = print, status: Path | None = None, warm: bool = True,
+                 out: str | Path | None = None) -> None:
+        """``warm``: run the SFT warm-up first when the config asks for one (not when resuming);
+        it is kept in ``out``/sft-warmup (runtime/warmup.py)."""
         self.cfg, self.plan, self.timeout = cfg, plan, timeout_s
         self.rank, self.log, self.status = dist.get_rank(), log, status
         if status is not None:
@@ -65,8 +69,16 @@ class Engine:
         self.graph: Graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
         self.tok = setup.tokenizer_for(cfg)
         self.data = dataset(cfg, self.tok)  # prompts (RL), SFT sequences or preference pairs
-        self.roles: dict[str, RoleModels] = build_roles(cfg, self.graph, plan, initial_states(cfg, self.tok, log, warm),
+        warmed, temporary = None, False
+        if warm and setup.warms_up(cfg):
+            if status is not None:
+                status.write_text("SFT warm-up")
+            warmed, temporary = warmup_dir(out)
+            warmup_sharded(cfg, self.tok, cache, warmed, log, timeout_s)
+        self.roles: dict[str, RoleModels] = build_roles(cfg, self.graph, plan, initial_states(cfg, warmed),
                                                         cache, timeout_s)
+        if temporary:
+            remove_temporary(warmed, timeout_s)
         self.evals: list[Evaluation] = evaluations(cfg, self.tok)
         self.store: dict[int, Batch] = {}
         self.held: dict[tuple[str, int], Batch] = {}

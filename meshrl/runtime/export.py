@@ -19,7 +19,7 @@ import torch
 from ..model.checkpoint import INDEX_NAME, WEIGHTS_NAME, _hf_config, _save_file
 from ..model.transformer import CausalLM, ValueModel
 from ..parallel import comm
-from ..parallel.model import ParallelModel
+from ..parallel.model import ParallelModel, gather_tensors
 
 
 def _file(stage: int, pp: int) -> str:
@@ -44,34 +44,9 @@ def export_sharded(pm: ParallelModel, path: str | Path, tok=None, timeout_s: flo
     path = Path(path)
     pp, stage = pm.placement.layout.pp, g.pp.index
     where = stage_names(pm)
-    local = pm.local_state()
     writer = g.tp.ranks[0]
-    out: dict[str, torch.Tensor] = {}
-    pending = []
-    for name, s in where.items():
-        if s != stage:
-            continue
-        holders = [(r, sl) for r, sl in sm.holders(name) if r in g.tp.ranks]
-        full = torch.empty(sm.shapes[name], dtype=pm.dtype, device=pm.stage.device) if me == writer else None
-        seen: set = set()
-        for r, sl in holders:
-            if sl in seen:
-                continue
-            seen.add(sl)
-            idx = tuple(slice(a, b) for a, b in sl)
-            if r == me == writer:
-                full[idx] = local[name]
-            elif me == writer:
-                buf = torch.empty(tuple(b - a for a, b in sl), dtype=full.dtype, device=full.device)
-                comm.irecv(buf, r, g.tp.group).wait(timeout)
-                full[idx] = buf
-            elif r == me:
-                t = local[name].contiguous()
-                pending.append((comm.isend(t, writer, g.tp.group), t))
-        if full is not None:
-            out[name] = full.cpu()
-    for work, _ in pending:
-        work.wait(timeout)
+    names = [name for name, s in where.items() if s == stage]
+    out = gather_tensors(sm, names, set(g.tp.ranks), writer, g, g.tp.group, pm.local_state(), timeout, to_host=True)
     first = me == pm.placement.mesh.ranks[0]
     if first:
         path.mkdir(parents=True, exist_ok=True)

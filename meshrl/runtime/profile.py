@@ -130,7 +130,7 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
         matmul = measure_matmul(HIDDEN_QUICK if quick else HIDDEN_FULL, reps)
         mem_bw = measure_mem_bw((16 if quick else 256) << 20, reps)
         layers = measure_layers(quick, reps)  # 1- and DEEP-layer models timed alternately
-        optimizer = measure_optimizer(reps, mem_bw)  # per tensor: foreach=False AdamW's kernels and Python
+        optimizer = measure_optimizer(reps, mem_bw)  # per tensor: the runtime AdamW's kernels and Python
     finally:
         torch.set_num_threads(prev)
     colls: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}

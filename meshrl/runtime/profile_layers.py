@@ -164,8 +164,8 @@ def measure_layers(quick: bool, reps: int) -> dict[str, dict]:
 
 def measure_optimizer(reps: int, mem_bw: float) -> dict:
     """One optimizer step of the tiny model as the runtime takes it on one rank (the whole-model
-    gradient clip, ZeRO-1 AdamW with ``foreach=False``, clearing the gradients): on a CPU its cost
-    is mostly per tensor (a dozen small kernels each), not bytes. -> {step_s, tensors, params,
+    gradient clip, ZeRO-1 AdamW with its default kernel, clearing the gradients): on a CPU its cost
+    is mostly per tensor (small kernels and Python each), not bytes. -> {step_s, tensors, params,
     sec_per_tensor}: what the step takes beyond its bytes (ADAM_STEP_BYTES per parameter at
     ``mem_bw``, the estimator's bandwidth term), per parameter tensor."""
     from ..parallel.data import AdamWConfig, ZeroAdamW, clip_grad_norm

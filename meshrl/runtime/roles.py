@@ -6,14 +6,15 @@ from the home weights, unless the plan says ``keep_copies`` or the copy is a sha
 generation copy on devices the home does not use, as in the disaggregated strategy), which stays.
 With the plan's ``offload_frozen``, a frozen role's parameters wait in host memory between uses.
 
-Initial weights: each rank reads only its own shards from the checkpoint or the preset's seeded
-init (``initial_states``), so every plan starts from bit-identical weights without any rank
-holding a whole model (the demo's tiny SFT warm-up excepted).
+Initial weights: each rank reads only its own shards from the checkpoint, the preset's seeded
+init or the sharded SFT warm-up's checkpoint (``initial_states``, runtime/warmup.py), so every plan
+starts from bit-identical weights without any rank holding a whole model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,12 +23,10 @@ from ..algo import setup
 from ..algo.graph import Graph
 from ..config import Config
 from ..model.config import ModelConfig
-from ..parallel import comm
-from ..model.checkpoint import build_model
 from ..model.presets import get_preset
 from ..parallel.data import AdamWConfig
 from ..parallel.precision import torch_dtype
-from ..parallel.load import InitLoader, SafetensorsLoader, StateLoader, ValueFromCausal
+from ..parallel.load import InitLoader, SafetensorsLoader, ValueFromCausal
 from ..parallel.groups import GroupCache, RankGroups
 from ..layout.mesh import Placement
 from ..parallel.model import ParallelModel
@@ -40,34 +39,17 @@ from ..plan.steps import home_calls
 VALUE_ROLES = ("critic", "reward")
 
 
-def broadcast_state(state: dict[str, torch.Tensor], src: int = 0) -> dict[str, torch.Tensor]:
-    """Make every rank's tensors equal to rank ``src``'s (same names and shapes on all ranks),
-    one tensor at a time on the compute device (the data plane)."""
-    dev = comm.compute_device()
-    for name in sorted(state):
-        t = state[name].to(dev).contiguous()
-        comm.broadcast(t, src)
-        state[name] = t
-    return state
-
-
-def initial_states(cfg: Config, tok, log, warm: bool = True) -> dict[str, tuple[ModelConfig | None, object]]:
+def initial_states(cfg: Config, warmed: Path | None = None) -> dict[str, tuple[ModelConfig | None, object]]:
     """role -> (model config, SliceLoader of its iteration-0 weights), equal on every rank; the
     loader is None for a rule reward. Each rank reads only its own shards (parallel/load.py): from
     the checkpoint's safetensors or the preset's seeded init, as ``setup.build_roles`` would build
-    them whole. The one exception is the demo's SFT warm-up (tiny preset, not when resuming): rank 0
-    trains the whole tiny actor and broadcasts it tensor by tensor."""
+    them whole; after the SFT warm-up (``warmed``: its checkpoint, runtime/warmup.py) the actor's
+    backbone comes from there."""
     torch.manual_seed(cfg.train.seed)
     seed, spec, dtype = cfg.train.seed, cfg.models.actor, torch_dtype(cfg.train.dtype)
-    if warm and setup.warms_up(cfg):
-        actor = setup.load_policy(cfg, seed) if dist.get_rank() == 0 else build_model(spec.preset or "tiny")
-        if dist.get_rank() == 0:
-            from ..algo.warmup import warmup_sft
-
-            warmup_sft(actor, cfg, tok, log, progress=False)
-        state = broadcast_state({k: v.detach() for k, v in actor.state_dict().items()})
-        del actor
-        acfg, body = get_preset(spec.preset or "tiny"), StateLoader(state, dtype)
+    if warmed is not None:
+        body = SafetensorsLoader(warmed, dtype=dtype)
+        acfg = body.cfg
     elif spec.path:
         body = SafetensorsLoader(spec.path, dtype=dtype)
         acfg = body.cfg
@@ -199,6 +181,8 @@ def build_roles(cfg: Config, graph: Graph, plan: ExecutionPlan, states: dict, ca
             rm.models[pl] = ParallelModel.create(mcfg, pl, cache, load, value_head=role in VALUE_ROLES,
                                                  optim=optim, timeout_s=timeout_s,
                                                  activation_checkpointing=optim is not None
-                                                 and cfg.train.activation_checkpointing)
+                                                 and cfg.train.activation_checkpointing,
+                                                 grad_bucket_bytes=int(cfg.train.grad_bucket_mb * 2**20),
+                                                 overlap_grad_reduce=cfg.train.overlap_grad_reduce)
             rm.dtype = rm.models[pl].dtype
     return out

@@ -132,7 +132,7 @@ def build(cfg: Config, plan: ExecutionPlan, out: str | None, start: int, timeout
 
     kv = {m.num_key_value_heads for m in model_configs(cfg)}
     make_groups(process_cache(timeout_s), plan_groups(plan, kv))
-    engine = Engine(cfg, plan, process_cache(timeout_s), timeout_s, log, status, warm=start == 0)
+    engine = Engine(cfg, plan, process_cache(timeout_s), timeout_s, log, status, warm=start == 0, out=out)
     if start == 0:
         return engine, False
     ck = latest_checkpoint(out)

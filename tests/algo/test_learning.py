@@ -43,8 +43,6 @@ def rise(tmp_path, actor, *items) -> tuple[float, list[float]]:
     return sum(r[-K:]) / K - sum(r[:K]) / K, r
 
 
-@pytest.mark.xfail(strict=False, reason="regressed in the 2026-11-30 integration (seed 1: -0.017 vs margin 0.08; "
-                   "GRPO and the default demo still learn): open, see the session note")
 def test_ppo_raises_the_demo_reward(tmp_path, sft_actor):
     gain, curve = rise(tmp_path, sft_actor, "algo=ppo", "data.batch_size=64", f"train.iterations={PPO_ITERS}",
                        "train.seed=1")

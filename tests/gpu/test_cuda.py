@@ -28,3 +28,37 @@ def test_step_memory_is_predicted_within_15_percent():
     assert out.returncode == 0, out.stderr[-3000:]
     train = json.loads(out.stdout)["train"]
     assert abs(train["mem_error"]) <= 0.15, train
+
+
+def test_flash_attention_applies_to_batches_without_left_padding():
+    """With only the flash kernel allowed, a right-padded bf16 batch runs (no mask reaches SDPA);
+    a left-padded one needs the mask, which flash cannot take."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from meshrl.model.checkpoint import build_model
+    from meshrl.model.presets import get_preset
+
+    cfg = get_preset("tiny").replace(num_key_value_heads=8)  # no GQA: the plainest flash case
+    model = build_model(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
+    ids = torch.randint(1, 250, (4, 64), device="cuda")
+    right = torch.ones_like(ids)
+    right[1, 40:] = 0
+    with torch.no_grad(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        assert torch.isfinite(model(ids, right)[right.bool()]).all()
+        left = right.flip(1)
+        with pytest.raises(RuntimeError):
+            model(ids, left)
+
+
+def test_zero_adamw_is_fused_on_cuda():
+    from torch import nn
+
+    from meshrl.parallel.data import AdamWConfig, ZeroAdamW
+    from meshrl.parallel.groups import Axis
+
+    p = nn.Parameter(torch.randn(64, 32, device="cuda", dtype=torch.bfloat16))
+    opt = ZeroAdamW([p], Axis((0,), 0, None), AdamWConfig(lr=1e-3))
+    p.grad = torch.randn_like(p)
+    before = p.detach().clone()
+    opt.step()
+    assert opt.impl == "fused" and not torch.equal(p, before)

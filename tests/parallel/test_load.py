@@ -57,7 +57,7 @@ def test_initial_states_equal_the_whole_models_of_setup(algo, paths, tmp_path):
                                                             if algo == "rm" else [])
     cfg = load_config(None, over)
     whole = setup.build_roles(cfg, setup.load_policy(cfg, cfg.train.seed))
-    states = initial_states(cfg, None, print, warm=False)
+    states = initial_states(cfg)
     assert set(states) == set(whole)
     for role, r in whole.items():
         mcfg, loader = states[role]
@@ -65,3 +65,24 @@ def test_initial_states_equal_the_whole_models_of_setup(algo, paths, tmp_path):
             assert loader is None
             continue
         _check_all_shards(loader, r.model, role in ("critic", "reward"))
+
+
+def test_every_shard_is_a_tensor_of_its_own(tmp_path):
+    """The roles of a run from one checkpoint (actor, ref and the critic's backbone all read the same
+    file) must not share storage: an open safetensors file hands out views of one memory map, and
+    a whole-tensor slice (tp = 1) was that view itself, so the actor's optimizer moved the ref and
+    the critic's moved the actor (PPO from a checkpoint stopped learning; docs/runtime.md)."""
+    build_model("tiny", seed=1).save_pretrained(tmp_path / "a")
+    cfg = load_config(None, ["algo=ppo", f"models.actor.path={tmp_path / 'a'}"])
+    states = initial_states(cfg)
+    full = PL.__class__.parse("dp1tp1pp1@0")  # one rank: every slice is the whole tensor
+    seen: dict[int, tuple[str, str]] = {}
+    alive = []  # every shard kept, so no address is reused
+    for role in ("actor", "ref", "critic"):
+        mcfg, loader = states[role]
+        for name, sl in shard_map(mcfg, full, role == "critic").params_of(0).items():
+            for _ in range(2):  # asked twice (a copy rebuilt), two tensors
+                alive.append(loader(name, sl))
+                ptr = alive[-1].untyped_storage().data_ptr()
+                assert ptr not in seen, f"{role} {name} shares storage with {seen[ptr]}"
+                seen[ptr] = (role, name)

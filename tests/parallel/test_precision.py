@@ -1,6 +1,7 @@
 """Mixed precision in ZeRO-1 AdamW (meshrl/parallel/data.py): bf16 parameters and gradients with
 fp32 master weights, against an independent oracle (torch's AdamW on an fp32 copy, rounded to bf16
-after each step); foreach AdamW (the GPU path) against the per-tensor loop; a checkpoint round trip
+after each step; the default, fused kernel); foreach AdamW bit-equal to the per-tensor loop, and the
+fused kernel equal to it within rounding, resuming from its state dict; a checkpoint round trip
 that keeps the master weights (bf16 alone would lose the low bits)."""
 
 import pytest
@@ -30,6 +31,7 @@ def _grads(step):
 def test_bf16_with_fp32_master_equals_the_oracle():
     params = _params(torch.bfloat16)
     opt = ZeroAdamW(params, ALONE, CFG)
+    assert opt.impl == "fused"  # the default, on every device
     master = [nn.Parameter(p.detach().float().clone()) for p in params]  # the oracle's fp32 weights
     ref = torch.optim.AdamW(master, lr=CFG.lr, betas=CFG.betas, eps=CFG.eps, weight_decay=CFG.weight_decay,
                             foreach=False)
@@ -49,8 +51,8 @@ def test_bf16_with_fp32_master_equals_the_oracle():
 
 def test_fp32_chunks_are_views_and_foreach_matches_the_loop():
     a, b = _params(torch.float32), _params(torch.float32)
-    oa = ZeroAdamW(a, ALONE, CFG)
-    ob = ZeroAdamW(b, ALONE, AdamWConfig(lr=CFG.lr, weight_decay=CFG.weight_decay, foreach=True))
+    oa = ZeroAdamW(a, ALONE, AdamWConfig(lr=CFG.lr, weight_decay=CFG.weight_decay, impl="foreach"))
+    ob = ZeroAdamW(b, ALONE, AdamWConfig(lr=CFG.lr, weight_decay=CFG.weight_decay, impl="loop"))
     assert oa.chunks[0].data_ptr() == a[0].data_ptr()  # no master copy in fp32
     for step in range(3):
         for p, q, g in zip(a, b, _grads(step), strict=True):
@@ -58,7 +60,27 @@ def test_fp32_chunks_are_views_and_foreach_matches_the_loop():
         oa.step()
         ob.step()
     for p, q in zip(a, b, strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_matches_the_loop(dtype):
+    a, b = _params(dtype), _params(dtype)
+    oa = ZeroAdamW(a, ALONE, AdamWConfig(lr=CFG.lr, weight_decay=CFG.weight_decay, impl="fused"))
+    ob = ZeroAdamW(b, ALONE, AdamWConfig(lr=CFG.lr, weight_decay=CFG.weight_decay, impl="loop"))
+    for step in range(3):
+        for p, q, g in zip(a, b, _grads(step), strict=True):
+            p.grad, q.grad = g.to(dtype), g.to(dtype)
+        oa.step()
+        ob.step()
+    for c, d in zip(oa.chunks, ob.chunks, strict=True):  # the fp32 weights (master in bf16)
+        torch.testing.assert_close(c, d, rtol=1e-6, atol=1e-7)
+    fresh = ZeroAdamW([nn.Parameter(p.detach().clone()) for p in a], ALONE,
+                      AdamWConfig(lr=CFG.lr, weight_decay=CFG.weight_decay, impl="fused"))
+    fresh.load_state_dict(oa.state_dict())  # resumes: state (step counts included) back in place
+    for p, g in zip(fresh.params, _grads(9), strict=True):
+        p.grad = g.to(dtype)
+    fresh.step()
 
 
 def test_checkpoint_keeps_the_master_weights():
