@@ -20,16 +20,17 @@ from meshrl.runtime.launch import RankPool
 from meshrl.runtime.run import make_groups, model_configs, plan_groups, process_cache
 from meshrl.runtime.shards import flat_blocks
 from runtime_util import WORLD, random_plan
+from test_plans_equal import assert_same
 
 TIMEOUT = 120.0
 ITEMS = ["data.batch_size=8", "data.gen_len=6", "sft.steps=30", "sft.batch_size=16",
          "reward.rule=numeric_distance", "ppo.mini_batches=2"]
-# relative, against max(|a|, |b|, FLOOR) (test_one_path.py's scale). The issue asks 1e-4 after a
-# resharded resume; measured 7.5e-5 (sync) before merging main on 2026-11-30 and 1.0e-4 after
-# (actor/grad_norm, iteration 2): that is the plan-invariance noise of the first two iterations
-# (4 ranks dp1tp4 against 2 ranks dp2), not the resharding, which is exact (the tests below), so
-# this test takes the plan-invariance tolerance of tests/runtime/test_plans_equal.py.
-RTOL, FLOOR = 3e-4, 0.1
+# The plan-invariance bounds by kind of figure (tests/runtime/test_plans_equal.py: rollout and
+# evaluation 1e-5, train-call statistics 1e-4, gradient norms 3e-4, relative to max(|a|, |b|, 0.1)).
+# A resharded resume under another plan is compared with them: the issue asks 1e-4; the figures
+# over 1e-4 are gradient norms (measured 1.0e-4 at actor/grad_norm, iteration 2: the first two
+# iterations' reduction order, 4 ranks dp1tp4 against 2 ranks dp2), not the resharding, which is
+# exact (test_another_world_size_under_the_same_layout_continues_bit_for_bit).
 
 
 def test_flat_ranges_are_cut_into_rectangles_in_order():
@@ -104,18 +105,6 @@ def _run(out, n: int, extra: list[str]) -> None:
     assert main(["train", *ITEMS, f"train.iterations={n}", "--out", str(out), "--no-progress", *extra]) == 0
 
 
-def _close(a: list[dict], b: list[dict], label: str) -> float:
-    worst = 0.0
-    for ra, rb in zip(a, b, strict=True):
-        da, db = deterministic_part(ra), deterministic_part(rb)
-        assert sorted(da) == sorted(db), label
-        for k in da:
-            d = abs(da[k] - db[k]) / max(abs(da[k]), abs(db[k]), FLOOR)
-            worst = max(worst, d)
-            assert d <= RTOL, f"{label}: iteration {ra['iteration']} {k}: {da[k]} vs {db[k]} ({d:.1e})"
-    return worst
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_four_ranks_heuristic_resumes_on_two_ranks_colocated(tmp_path, capsys, monkeypatch, colocated2, mode):
     """Issue 13 item 6: 2 iterations on 4 ranks (heuristic), then --resume --nprocs 2 --plan
@@ -143,8 +132,7 @@ def test_four_ranks_heuristic_resumes_on_two_ranks_colocated(tmp_path, capsys, m
     a, b = read_metrics(tmp_path / "a/metrics.jsonl"), read_metrics(ref / "metrics.jsonl")
     assert [r["iteration"] for r in a] == [r["iteration"] for r in b] == [0, 1, 2, 3]
     assert json.loads((tmp_path / "a/plan.json").read_text()) == json.loads((ref / "plan.json").read_text())
-    worst = _close(a[2:], b[2:], f"{mode}: resumed on 2 ranks vs uninterrupted")
-    print(f"{mode}: worst scaled difference after the resharded resume {worst:.1e}")
+    assert_same(b[2:], a[2:], f"{mode}: resumed on 2 ranks vs uninterrupted")
 
 
 def test_another_world_size_under_the_same_layout_continues_bit_for_bit(tmp_path, colocated2):
@@ -175,7 +163,7 @@ def test_one_rank_and_two_ranks_resume_each_other(tmp_path):
     _run(tmp_path / "ref", 4, [])
     got, want = read_metrics(tmp_path / "one/metrics.jsonl"), read_metrics(tmp_path / "ref/metrics.jsonl")
     assert [r["iteration"] for r in got] == [0, 1, 2, 3]
-    _close(got, want, "1 -> 2 -> 1 ranks vs one rank throughout")
+    assert_same(want, got, "1 -> 2 -> 1 ranks vs one rank throughout", grad_norm_rtol=1e-3)  # as test_one_path
 
 
 def test_an_old_format_checkpoint_is_refused_by_name(tmp_path, capsys):
@@ -206,8 +194,6 @@ def test_a_bad_plan_is_replanned_during_the_run_and_the_numbers_do_not_change(tm
     (reported on the console, in metrics.jsonl and trace.json), and every figure stays within the
     plan-invariance tolerance of the same run without re-planning."""
     from meshrl.algo.graph import graph_for
-    from test_plans_equal import FLOOR as PLAN_FLOOR
-    from test_plans_equal import RTOL as PLAN_RTOL
 
     bad = _bad_plan(tmp_path / "bad.json", graph_for("ppo").names)
     _run(tmp_path / "switched", 4, ["--nprocs", "2", "--plan", bad, "--replan-every", "2"])
@@ -221,13 +207,7 @@ def test_a_bad_plan_is_replanned_during_the_run_and_the_numbers_do_not_change(tm
     trace = json.loads((tmp_path / "switched/trace.json").read_text())["traceEvents"]
     assert any(e.get("name") == "replan" for e in trace)
     _run(tmp_path / "fixed", 4, ["--nprocs", "2", "--plan", bad])
-    want = read_metrics(tmp_path / "fixed/metrics.jsonl")
-    for ra, rb in zip(want, got, strict=True):
-        da, db = deterministic_part(ra), deterministic_part(rb)
-        assert sorted(da) == sorted(db)
-        for k in da:
-            d = abs(da[k] - db[k]) / max(abs(da[k]), abs(db[k]), PLAN_FLOOR)
-            assert d <= PLAN_RTOL, f"iteration {ra['iteration']} {k}: {da[k]} vs {db[k]} ({d:.1e})"
+    assert_same(read_metrics(tmp_path / "fixed/metrics.jsonl"), got, "re-planned vs one plan throughout")
 
 
 def test_resume_with_plan_search_keeps_the_saved_plan(tmp_path):
