@@ -163,6 +163,17 @@ class EvalConfig:
 
 
 @dataclass
+class ReplanConfig:
+    """Re-planning during a run (meshrl/runtime/replan.py; --replan-every N sets ``every``)."""
+
+    every: int = 0  # iterations between re-plans (refit each call's cost from the run, search, maybe
+    # switch plans through the resharding checkpoint); 0 = never
+    min_gain: float = 0.1  # switch when the refitted estimate of the searched plan is more than this
+    # fraction faster than the current plan's (0.1: 1.1x)
+    search_steps: int = 2000  # plan evaluations of each re-plan's search (rank 0; the others wait)
+
+
+@dataclass
 class Config:
     algo: str = "ppo"
     models: ModelsConfig = field(default_factory=ModelsConfig)
@@ -176,6 +187,7 @@ class Config:
     dpo: DPOConfig = field(default_factory=DPOConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    replan: ReplanConfig = field(default_factory=ReplanConfig)
 
     def validate(self) -> None:
         if self.algo not in ALGOS:

@@ -26,6 +26,7 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
     "gen.temperature": (0, False, None), "gen.top_k": (0, True, None), "gen.top_p": (0, False, 1.0),
     "sft.steps": (1, True, None), "sft.lr": (0, False, None), "sft.batch_size": (1, True, None),
     "dpo.beta": (0, False, None),
+    "replan.every": (0, True, None), "replan.min_gain": (0, True, None), "replan.search_steps": (1, True, None),
 }
 
 

@@ -42,7 +42,8 @@ def check_out(out: Path, resume: bool, overwrite: bool) -> None:
 # What --resume may change: more iterations (DESIGN.md), how long ranks wait for each other, and
 # the cluster (plans change speed, never results: --nprocs and --plan may change too).
 RESUME_MAY_CHANGE = ("train.iterations", "train.timeout", "train.threads", "train.save_every", "cluster.nodes",
-                     "cluster.devices_per_node", "cluster.device")
+                     "cluster.devices_per_node", "cluster.device", "replan.every", "replan.min_gain",
+                     "replan.search_steps")
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, object]:

@@ -48,6 +48,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", default=None, metavar="STRATEGY|FILE.json",
                    help="colocated | interleaved | disaggregated | heuristic | search | a plan file "
                    "(default: colocated)")
+    p.add_argument("--replan-every", type=int, default=None, metavar="N",
+                   help="every N iterations refit each call's cost from this run's measurements, re-plan "
+                   "(search) and switch plans when that gains more than replan.min_gain (sets replan.every)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out (the "
                    "same command; train.iterations may be raised, --nprocs and --plan may change)")
     p.add_argument("--overwrite", action="store_true",
@@ -65,6 +68,7 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
                               no_progress=args.no_progress or more.no_progress,
                               nprocs=more.nprocs if more.nprocs is not None else args.nprocs,
                               plan=more.plan or args.plan,
+                              replan_every=more.replan_every if more.replan_every is not None else args.replan_every,
                               resume=args.resume or more.resume, overwrite=args.overwrite or more.overwrite)
 
 
@@ -99,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
     args = _reparse(args)
     config, overrides = split_items(args.items)
+    if args.replan_every is not None:
+        overrides = [*overrides, f"replan.every={args.replan_every}"]
     cfg = load_config(config, overrides)
     is_demo = config is None and cfg.data.path is None
     if is_demo:  # the demo's sizes for this algorithm, then the user's overrides on top

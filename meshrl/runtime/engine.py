@@ -124,12 +124,14 @@ class Engine:
         """Leave the current step where the launcher can read it if this rank dies (names the call).
         Fault injection for the tests: MESHRL_FAULT="RANK:TEXT" kills rank RANK (exit code 3) when
         it enters the first step named TEXT (e.g. "1:actor_gen"); "RANK:TEXT:hang" makes it hang
-        there instead (sleep for ever, alive), which the other ranks' timeouts must end."""
+        there instead (sleep for ever, alive), which the other ranks' timeouts must end;
+        "RANK:TEXT@T" does it in iteration T only (e.g. after a checkpoint)."""
         if self.status is not None:
             self.status.write_text(f"step '{step.name}' of iteration {step.iteration}")
         rank, _, what = os.environ.get("MESHRL_FAULT", "").partition(":")
         hang = what.endswith(":hang")
-        if rank != str(self.rank) or (what[:-len(":hang")] if hang else what) != step.name:
+        name, _, when = (what[:-len(":hang")] if hang else what).partition("@")
+        if rank != str(self.rank) or name != step.name or (when and int(when) != step.iteration):
             return
         if self.status is not None:
             self.status.write_text(f"step '{step.name}' of iteration {step.iteration} "

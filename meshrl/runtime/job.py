@@ -54,19 +54,25 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
     """The plan the ranks run and the first iteration (after the newest checkpoint with ``resume``);
     writes OUT/plan.json and prints the plan table. Runs once per job: in the launching process,
     or on rank 0 under torchrun once the process group exists (its result is broadcast)."""
-    from .checkpoint import latest_checkpoint
+    from .checkpoint import check_format, latest_checkpoint
     from .plans import resolve_plan
 
-    plan, note = resolve_plan(cfg, plan_spec, world)
     start = 0
     ck = latest_checkpoint(out) if resume else None
+    saved = None
+    if ck is not None:
+        check_format(ck)  # an older meshrl's per-rank checkpoint: a UserError naming it
+        saved = ExecutionPlan.load(ck / "plan.json")
+    if saved is not None and plan_spec == "search" and saved.cluster.size == world:
+        # the plan the run was searched (or re-planned) into: searching again may find another (its
+        # time budget), which would resume correctly (checkpoints reshard) but not bit for bit
+        plan, note = saved, "--plan search: resuming under the plan saved with the checkpoint"
+    else:
+        plan, note = resolve_plan(cfg, plan_spec, world)
     if resume and ck is None and not quiet:
         # killed before its first checkpoint (in the warm-up, say): the same command starts over
         print(f"--resume: no checkpoint in {out} yet, so the run starts from the beginning")
     if ck is not None:
-        saved = ExecutionPlan.load(ck / "plan.json")
-        if saved.to_dict()["calls"] != plan.to_dict()["calls"]:
-            plan = saved  # resume under the plan the checkpoint was written with (off-policy: its batch ahead)
         start = int(ck.name.split("-")[1]) + 1
         if start >= cfg.train.iterations and not quiet:
             # a job killed after its last checkpoint: the same command + --resume ends as it would have

@@ -16,6 +16,7 @@ from ..observe.trace import Trace
 from ..parallel import comm
 from ..parallel.groups import GroupCache, all_axes
 from ..plan.execution_plan import ExecutionPlan
+from .ahead import ahead_state, restore_ahead
 from .engine import Engine, RankLog
 from ..plan.steps import generated_ahead
 
@@ -92,26 +93,6 @@ def _complete_records(path: Path) -> list[dict]:
     return out
 
 
-def ahead_state(engine: Engine, t: int) -> dict:
-    """What iteration t's generation, run ahead of time (async), left on this rank: the output rows
-    of every call of t it holds ({call: {"data", "index"}}) and the rank's log of t so far."""
-    import dataclasses
-
-    held = {name: {"data": b.data, "index": b.index} for (name, it), b in engine.held.items() if it == t}
-    log = engine.logs.get(t)
-    return {"held": held, "log": dataclasses.asdict(log) if log is not None else None}
-
-
-def restore_ahead(engine: Engine, state: dict, t: int) -> None:
-    """Put back what ``ahead_state`` saved, as if iteration t's generation had just run here."""
-    from ..algo.batch import Batch
-
-    for name, b in state["held"].items():
-        engine.held[(name, t)] = Batch(b["data"], b["index"])
-    if state["log"] is not None:
-        engine.logs[t] = RankLog(**state["log"])
-
-
 def record_of(t: int, logs: list[RankLog], wall_s: float) -> dict:
     """One metrics record: the reported stats, then timings (slowest rank per step) under time/.
 
@@ -142,6 +123,27 @@ def record_of(t: int, logs: list[RankLog], wall_s: float) -> dict:
     return rec
 
 
+def build(cfg: Config, plan: ExecutionPlan, out: str | None, start: int, timeout_s: float,
+          log: Callable[[str], None], status: Path | None) -> tuple[Engine, bool]:
+    """This rank's engine for ``plan`` from iteration ``start`` (start > 0: the newest checkpoint in
+    ``out`` read under this plan, whatever plan and world wrote it). Also returns whether the
+    generation of iteration ``start`` ran before the checkpoint (async), so is not run again."""
+    from .checkpoint import latest_checkpoint, load_checkpoint
+
+    kv = {m.num_key_value_heads for m in model_configs(cfg)}
+    make_groups(process_cache(timeout_s), plan_groups(plan, kv))
+    engine = Engine(cfg, plan, process_cache(timeout_s), timeout_s, log, status, warm=start == 0, out=out)
+    if start == 0:
+        return engine, False
+    ck = latest_checkpoint(out)
+    saved, early = load_checkpoint(ck, engine.roles, plan.to_json()) if ck is not None else (None, None)
+    if saved != start - 1:
+        raise RuntimeError(f"rank {dist.get_rank()}: no checkpoint of iteration {start - 1} in {out}")
+    if early is not None:
+        restore_ahead(engine, early, start)
+    return engine, early is not None
+
+
 def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0, timeout_s: float = 300.0,
               status_dir: str | None = None, quiet: bool = False, save_every: int = 1, progress: bool = False
               ) -> list[dict] | None:
@@ -154,23 +156,13 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
 
     from ..algo.iteration import console_keys
     from ..observe.metrics import MetricsWriter, no_signal_note, summary_line
-    from .checkpoint import export_trained, latest_checkpoint, load_checkpoint, save_checkpoint
+    from . import replan
+    from .checkpoint import export_trained, save_checkpoint
 
     rank = dist.get_rank()
-    kv = {m.num_key_value_heads for m in model_configs(cfg)}
-    make_groups(process_cache(timeout_s), plan_groups(plan, kv))
     log: Callable[[str], None] = print if rank == 0 and not quiet else (lambda _: None)
     status = Path(status_dir) / f"rank{rank}" if status_dir else None
-    engine = Engine(cfg, plan, process_cache(timeout_s), timeout_s, log, status, warm=start == 0, out=out)
-    ahead = False  # the generation of iteration `start` ran before the checkpoint (async): skip it
-    if start > 0:
-        ck = latest_checkpoint(out)
-        saved, early = load_checkpoint(ck, engine.roles) if ck is not None else (None, None)
-        if saved != start - 1:
-            raise RuntimeError(f"rank {rank}: no checkpoint of iteration {start - 1} in {out}")
-        if early is not None:
-            restore_ahead(engine, early, start)
-            ahead = True
+    engine, ahead = build(cfg, plan, out, start, timeout_s, log, status)
     records: list[dict] = []
     trace = Trace(dist.get_world_size(), f"meshrl {cfg.algo} / {plan.strategy}")
     writer = None
@@ -183,17 +175,31 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     last = [time.time()]
     noted: list[int] = []  # the no-signal note is given once
 
+    pending: dict[str, float] = {}  # rank 0: a re-plan's figures, for the next record
+    since = [0]  # rank 0: index in ``records`` of the current plan's first iteration
+
     def on_end(t: int, logs: list[RankLog] | None) -> None:
         if logs is not None:
             report(t, logs)
-        if out is not None and ((t + 1) % save_every == 0 or t + 1 == cfg.train.iterations):
+        due = out is not None and replan.due(cfg, t)  # a switch goes through the checkpoint
+        if out is not None and ((t + 1) % save_every == 0 or t + 1 == cfg.train.iterations or due):
             early = generated_ahead(engine.graph, cfg.train.off_policy, t, cfg.train.iterations)
             save_checkpoint(out, t, engine.roles, plan.to_json(),  # after the metrics it covers
-                            ahead=ahead_state(engine, t + 1) if early else None)
+                            ahead=ahead_state(engine, t + 1) if early else None, timeout_s=timeout_s)
+        if due:
+            t0 = time.time()
+            d = replan.decide(cfg, plan, records[since[0]:], t) if rank == 0 else None
+            d = comm.broadcast_object(d, 0, comm.control(None))  # rank 0's decision, on every rank
+            log(replan.line(d, cfg.replan.min_gain))
+            if d.plan_json is not None:
+                raise replan.Switch(ExecutionPlan.from_json(d.plan_json), t + 1, d, t0)
+            pending.update(replan.metrics(d, time.time() - t0))
 
     def report(t: int, logs: list[RankLog]) -> None:
         now = time.time()
         rec = record_of(t, logs, now - last[0])
+        rec.update(pending)
+        pending.clear()
         last[0] = now
         records.append(rec)
         for r, lg in enumerate(logs):
@@ -220,7 +226,28 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     log(f"{cfg.algo}: calls {' -> '.join(engine.graph.names)}")
     comm.barrier(comm.control(None))  # iteration timing starts when every rank has built its models
     last[0] = time.time()
-    engine.run(start, cfg.train.iterations, on_end, ahead=ahead)
+    while True:
+        try:
+            engine.run(start, cfg.train.iterations, on_end, ahead=ahead)
+            break
+        except replan.Switch as sw:
+            switch = sw
+        # every rank, at the same boundary: drop this plan's models, build the new plan's and read
+        # the checkpoint just written under it (the resharding resume, in these processes)
+        engine = None
+        plan, start = switch.plan, switch.start
+        engine, ahead = build(cfg, plan, out, start, timeout_s, log, status)
+        comm.barrier(comm.control(None))
+        if rank == 0:
+            (Path(out) / "plan.json").write_text(plan.to_json())
+            dur = time.time() - switch.t0
+            trace.add(0, "replan", "replan", switch.t0, dur, switch.decision.after)
+            pending.update(replan.metrics(switch.decision, dur))
+            since[0] = len(records)
+            from .job import plan_table
+
+            log(plan_table(plan, cfg.train.off_policy))
+        last[0] = time.time()
     if bar is not None:
         bar.close()
     if writer is not None:

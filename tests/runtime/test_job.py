@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from meshrl.runtime.checkpoint import ShardReader
+
 ARGS = ["algo=ppo", "data.batch_size=4", "data.gen_len=4", "sft.steps=2", "sft.batch_size=8",
         "train.iterations=3", "train.save_every=1", "--nprocs", "2", "--plan", "disaggregated", "--no-progress"]
 
@@ -63,11 +65,8 @@ def test_a_failing_rank_ends_the_job_naming_rank_and_step(tmp_path, fault, extra
 def _final_params(out: Path) -> dict[str, torch.Tensor]:
     ck = sorted(out.glob("ckpt-*"))[-1]
     assert json.loads((ck / "meta.json").read_text())["iteration"] == 2
-    params = {}
-    for f in sorted(ck.glob("rank*.pt")):
-        for role, st in torch.load(f, weights_only=False)["roles"].items():
-            params.update({f"{f.stem}/{role}/{k}": v for k, v in st["params"].items()})
-    return params
+    reader = ShardReader(ck)  # every tensor of the state (weights and AdamW moments), whole
+    return {k: reader.full(k) for k in reader.index["tensors"]}
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -1,0 +1,52 @@
+"""Async generation's state across a checkpoint (``train.off_policy=1``): the generation of
+iteration t+1 runs before the end of iteration t, so the checkpoint after t holds what it left on
+each rank (docs/runtime.md, "Exact resume with train.off_policy=1"), and a resume, under the same
+plan or another one, puts it back."""
+
+from __future__ import annotations
+
+from .engine import Engine, RankLog
+
+
+def ahead_state(engine: Engine, t: int) -> dict:
+    """What iteration t's generation, run ahead of time (async), left on this rank: the output rows
+    of every call of t it holds ({call: {"data", "index"}}) and the rank's log of t so far."""
+    import dataclasses
+
+    held = {name: {"data": b.data, "index": b.index} for (name, it), b in engine.held.items() if it == t}
+    log = engine.logs.get(t)
+    return {"held": held, "log": dataclasses.asdict(log) if log is not None else None}
+
+
+def restore_ahead(engine: Engine, early: dict, t: int) -> None:
+    """Put back what ``ahead_state`` saved, as if iteration t's generation had just run here.
+    ``early`` (checkpoint.load_checkpoint): this rank's saved state under the plan it was saved
+    with; under another plan or world, every saved rank's state, resharded here: each call's
+    output rows are merged (they carry their row index) and the holder of each dp replica under
+    this plan takes its replica's rows, split as the call itself splits its input batch."""
+    from ..algo.batch import Batch
+    from ..algo.registry import tensor_keys
+
+    if early["same"]:
+        state = early["states"][0]
+        for name, b in state["held"].items():
+            engine.held[(name, t)] = Batch(b["data"], b["index"])
+        if state["log"] is not None:
+            engine.logs[t] = RankLog(**state["log"])
+        return
+    parts: dict[str, list[Batch]] = {}
+    for state in early["states"]:
+        for name, b in state["held"].items():
+            parts.setdefault(name, []).append(Batch(b["data"], b["index"]))
+    for name, got in parts.items():
+        merged = Batch.merge(got) if got[0].index is not None else got[0]
+        pl = engine.plan.calls[name].placement
+        if engine.rank not in pl.mesh:
+            continue
+        dp_i = pl.coords_of(engine.rank)[0]
+        if engine.rank == pl.holders()[dp_i]:
+            inputs = engine._batch(t).only(tensor_keys(engine.graph.call(name).inputs))
+            engine.held[(name, t)] = merged.select(inputs.split(pl.layout.dp)[dp_i].index)
+    mine = early["states"][engine.rank]["log"] if engine.rank < len(early["states"]) else None
+    if mine is not None:  # its timings only: they are the saved ranks', not this plan's
+        engine.logs[t] = RankLog(**mine)

@@ -1,0 +1,98 @@
+"""Re-planning during a run (``meshrl train --replan-every N``): at iteration boundaries, refit
+each call's cost from the run's own measurements (meshrl/plan/calibrate.py, what ``meshrl plan
+--calibrate OUT/`` does), search a plan under the refitted costs, and switch to it when the
+refitted estimate of the current plan is more than ``replan.min_gain`` slower.
+
+Rank 0 decides (from the metrics records it holds) and broadcasts the decision on the control
+plane, so every rank switches at the same boundary to the same plan. A switch is the resharding
+resume (meshrl/runtime/checkpoint.py) done in the running processes: the checkpoint of the
+boundary's iteration is already on disk; every rank drops its models, builds the new plan's, and
+reads the checkpoint under the new layout. The numbers go on as an unswitched run's, up to
+reduction order (plans change speed, never results), also with a batch generated ahead.
+
+The gain and the decision depend on measured times, so they are reported under ``perf/`` and
+``time/`` (metrics.jsonl), on the console, and as a ``replan`` event in trace.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import Config
+from ..errors import UserError
+from ..plan.execution_plan import ExecutionPlan
+
+
+@dataclass
+class Decision:
+    """What rank 0 found at a boundary; ``plan_json`` is the plan to switch to (None: stay)."""
+
+    after: int  # the iteration the decision follows
+    current_s: float  # the current plan's seconds per iteration under the refitted costs
+    best_s: float  # the searched plan's
+    plan_json: str | None
+    note: str = ""  # why there was nothing to decide (too few measurements)
+
+    @property
+    def gain(self) -> float:
+        return self.current_s / self.best_s if self.best_s > 0 else 1.0
+
+
+class Switch(Exception):
+    """Raised on every rank out of the iteration loop to continue under ``plan``."""
+
+    def __init__(self, plan: ExecutionPlan, start: int, decision: Decision, t0: float) -> None:
+        super().__init__(f"switch to plan {plan.strategy} at iteration {start}")
+        self.plan, self.start, self.decision, self.t0 = plan, start, decision, t0
+
+
+def due(cfg: Config, t: int) -> bool:
+    """Whether a re-plan follows iteration t (not after the last: nothing would run under it)."""
+    every = cfg.replan.every
+    return every > 0 and (t + 1) % every == 0 and t + 1 < cfg.train.iterations
+
+
+def decide(cfg: Config, plan: ExecutionPlan, records: list[dict], after: int) -> Decision:
+    """Refit from ``records`` (this plan's iterations; the first is skipped as a warm-up), search
+    under the refitted costs and compare. Rank 0 only; pure planning (no process group)."""
+    from ..plan.calibrate import refit
+    from ..plan.search import search
+    from .plans import _problem, check_plan
+    from .validate import rule_calls
+
+    if len(records) < 2:
+        return Decision(after, 0.0, 0.0, None, f"{len(records)} iteration(s) under this plan; 2 are needed")
+    problem, _ = _problem(cfg, plan.cluster)  # (a copy of cfg with this cluster; CPU fallback as --plan)
+    fit = refit(problem, plan, records, rule_calls(cfg, plan))
+    # capped in time too: the other ranks wait for the decision within train.timeout
+    found = search(fit.problem, steps=cfg.replan.search_steps, seed=cfg.train.seed, time_limit_s=cfg.train.timeout / 4)
+    current, best = fit.run_plan_s(plan), found.iteration_s
+    new = found.plan
+    new.cluster = plan.cluster
+    new.strategy = "replanned"
+    if not current > best * (1.0 + cfg.replan.min_gain) or new.to_dict()["calls"] == plan.to_dict()["calls"]:
+        return Decision(after, current, best, None)
+    try:
+        check_plan(cfg, new)
+    except UserError as e:  # the search's plan does not fit this run (memory, batch sizes): stay
+        return Decision(after, current, best, None, f"the searched plan does not fit: {e}")
+    return Decision(after, current, best, new.to_json())
+
+
+def line(d: Decision, min_gain: float) -> str:
+    """The console line of a decision."""
+    if d.note:
+        return f"re-plan after iteration {d.after}: skipped ({d.note})"
+    head = (f"re-plan after iteration {d.after}: refitted estimate {d.current_s:.4f} s per iteration for the "
+            f"current plan, {d.best_s:.4f} s for the searched one (gain {d.gain:.2f}x")
+    if d.plan_json is None:
+        return head + f", not above 1 + replan.min_gain = {1 + min_gain:.2f}): staying"
+    return head + f" > {1 + min_gain:.2f}): switching plans at iteration {d.after + 1}"
+
+
+def metrics(d: Decision, seconds: float) -> dict[str, float]:
+    """The decision's figures for the next iteration's record (timing-dependent: perf/, time/)."""
+    if d.note:
+        return {}
+    return {"perf/replan/gain": d.gain, "perf/replan/switched": float(d.plan_json is not None),
+            "perf/replan/current_s": d.current_s, "perf/replan/best_s": d.best_s, "time/replan": seconds}
