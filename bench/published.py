@@ -144,7 +144,8 @@ def fit(rows: list[dict]) -> None:
         cand = (statistics.median(allerr), w, {d: per[d][1] for d in devs})
         best = cand if best is None or cand[0] < best[0] else best
     print(f"training: median |error| {best[0]:.1%} at mfu_width={best[1]}, mfu={best[2]}")
-    dr = [r for r in rows if r["kind"] in ("decode", "prefill")]
+    # the A100 rows only: rows of other GPUs are out-of-sample checks, not fitted
+    dr = [r for r in rows if r["kind"] in ("decode", "prefill") and r["device"] == "a100-80g"]
     base = PRESETS["a100-80g"]
     best = min(((statistics.median(abs(error(r, predict(r, replace(base, hbm_eff=e / 100, step_overhead=o / 1e4))))
                                    for r in dr), e / 100, o / 1e4)
@@ -162,7 +163,7 @@ def holdout(rows: list[dict]) -> None:
     errors printed are out-of-sample; the rows no constant is fitted to (RLHF systems) always are."""
     out = []
     tr = [r for r in rows if r["kind"] == "train"]
-    dec = [r for r in rows if r["kind"] in ("decode", "prefill")]
+    dec = [r for r in rows if r["kind"] in ("decode", "prefill") and r["device"] == "a100-80g"]
     tgrid = [(m / 1000, w) for m in range(450, 800, 10) for w in range(200, 1400, 100)]
     dgrid = [(e / 100, o / 1e4) for e in range(55, 96, 5) for o in range(4, 24, 2)]
     for r in tr:  # plateau per device (rows of the same device), width shared
