@@ -17,7 +17,6 @@ import importlib.util
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ def main() -> None:
     ckpt, data, steps, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(threads)
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     spec = importlib.util.spec_from_file_location("smollm2_rewards", REWARDS)
@@ -43,18 +42,9 @@ def main() -> None:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [rw.correct("", t, a) + 0.2 * rw.concise("", t, a) for t, a in zip(texts, answer, strict=True)]
 
-    class Timer(TrainerCallback):
-        def __init__(self):
-            self.seconds, self.cpu, self.t0, self.c0 = [], [], 0.0, 0.0
+    from trl_timer import StepTimer  # bench/ is this script's directory
 
-        def on_step_begin(self, *a, **k):
-            self.t0, self.c0 = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, *a, **k):
-            self.seconds.append(time.perf_counter() - self.t0)
-            self.cpu.append(time.process_time() - self.c0)
-
-    timer = Timer()
+    timer = StepTimer()
     with tempfile.TemporaryDirectory() as out:
         cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=32, num_generations=4,
                          max_completion_length=16, gradient_accumulation_steps=1, num_iterations=1, beta=0.01,

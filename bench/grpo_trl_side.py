@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -32,7 +31,7 @@ def main() -> None:
     ckpt, data, steps, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(threads)
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     rows = [json.loads(line) for line in open(data)]
@@ -41,18 +40,9 @@ def main() -> None:
     def reward(completions, answer, **_):
         return [numeric_distance(c, a) for c, a in zip(completions, answer, strict=True)]
 
-    class Timer(TrainerCallback):
-        def __init__(self):
-            self.seconds, self.cpu, self.t0, self.c0 = [], [], 0.0, 0.0
+    from trl_timer import StepTimer  # bench/ is this script's directory
 
-        def on_step_begin(self, *a, **k):
-            self.t0, self.c0 = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, *a, **k):
-            self.seconds.append(time.perf_counter() - self.t0)
-            self.cpu.append(time.process_time() - self.c0)
-
-    timer = Timer()
+    timer = StepTimer()
     with tempfile.TemporaryDirectory() as out:
         cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=32, num_generations=4,
                          max_completion_length=32, gradient_accumulation_steps=1, num_iterations=1, beta=0.04,
