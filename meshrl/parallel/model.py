@@ -223,13 +223,17 @@ class ParallelModel:
         loss = self.forward_backward(batch, loss_fn, micro_batches, entropy)
         return {"loss": loss, "grad_norm": self.optimizer_step()}
 
-    def generate(self, prompts: list[list[int]], gen_cfg: GenerationConfig, seeds: list[int] | None = None
-                 ) -> GenerationOutput:
+    def generate(self, prompts: list[list[int]], gen_cfg: GenerationConfig, seeds: list[int] | None = None,
+                 micro_batches: int = 1) -> GenerationOutput:
         """Pipelined / tensor-parallel generation of this replica's prompts; see generate.py.
-        Sampling needs per-row ``seeds``; the output is the same on every rank of the replica."""
+        Sampling needs per-row ``seeds``; the output is the same on every rank of the replica.
+        ``micro_batches`` in flight through the pipeline: at least pp, so that every stage works on
+        its own one (the plan's count for the call; ``pipelined_generate(..., micro_batches=1)``
+        is the loop where the stages take turns on the whole batch)."""
         if self.value_head:
             raise UserError("generate: a value model cannot generate")
-        return pipelined_generate(self.stage, self.pipe, self.groups.tp, prompts, gen_cfg, seeds)
+        m = max(micro_batches, self.placement.layout.pp)
+        return pipelined_generate(self.stage, self.pipe, self.groups.tp, prompts, gen_cfg, seeds, m)
 
     # ---- parameters, for reallocation and checkpoints ---------------------------------------
     def local_state(self) -> dict[str, torch.Tensor]:
