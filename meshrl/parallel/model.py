@@ -224,16 +224,15 @@ class ParallelModel:
         return {"loss": loss, "grad_norm": self.optimizer_step()}
 
     def generate(self, prompts: list[list[int]], gen_cfg: GenerationConfig, seeds: list[int] | None = None,
-                 micro_batches: int = 1) -> GenerationOutput:
+                 micro_batches: int | None = None) -> GenerationOutput:
         """Pipelined / tensor-parallel generation of this replica's prompts; see generate.py.
         Sampling needs per-row ``seeds``; the output is the same on every rank of the replica.
-        ``micro_batches`` in flight through the pipeline: at least pp, so that every stage works on
-        its own one (the plan's count for the call; ``pipelined_generate(..., micro_batches=1)``
-        is the loop where the stages take turns on the whole batch)."""
+        ``micro_batches`` in flight through the pipeline (the runtime passes the plan's count for
+        the call): None = pp, each stage working on its own one; 1 = the stages take turns on the
+        whole batch (fewer passes: cheaper where a pass costs mostly its fixed overhead)."""
         if self.value_head:
             raise UserError("generate: a value model cannot generate")
-        m = max(micro_batches, self.placement.layout.pp)
-        return pipelined_generate(self.stage, self.pipe, self.groups.tp, prompts, gen_cfg, seeds, m)
+        return pipelined_generate(self.stage, self.pipe, self.groups.tp, prompts, gen_cfg, seeds, micro_batches)
 
     # ---- parameters, for reallocation and checkpoints ---------------------------------------
     def local_state(self) -> dict[str, torch.Tensor]:

@@ -49,13 +49,11 @@ def call_layouts(problem: Problem, name: str, size: int) -> list[Layout]:
 
 
 def micro_batch_options(problem: Problem, name: str, layout: Layout, limit: int = 64) -> list[int]:
-    """1, 2, 4, ... up to the sequences per DP rank (and at most ``limit``); for generation pp,
-    2 pp, ... (the runtime runs at least pp micro-batches in flight, estimator.gen_micro_batches)."""
+    """1, 2, 4, ... up to the sequences per DP rank (and at most ``limit``)."""
     from .estimator import max_micro_batches
 
-    spec = problem.specs[name]
-    top = min(max_micro_batches(spec, problem.shape, layout), limit)
-    out, m = [], min(layout.pp, top) if spec.kind == "generate" else 1
+    top = min(max_micro_batches(problem.specs[name], problem.shape, layout), limit)
+    out, m = [], 1
     while m < top:
         out.append(m)
         m *= 2

@@ -7,10 +7,11 @@ The model, per call kind (``docs/planner.md`` derives each term):
   and ``m`` micro-batches takes ``(m + pp - 1)`` stage steps (GPipe / 1F1B bubble).
 - decoding: each step reads the stage's weights and the KV cache from memory, so a step costs
   ``max(bytes / HBM bandwidth, FLOPs / FLOP/s)``; as the runtime generates (parallel/generate.py,
-  generate_micro.py), with pp > 1 a replica's batch is split into m' = max(m, pp) micro-batches in
+  generate_micro.py), with pp > 1 a replica's batch is split into the plan's m micro-batches in
   flight, each stage working on a different one: a decoding round of the whole batch takes the
-  longer of m' steps of the last stage and one micro-batch's trip through the pp stages and back
-  (its stage steps, the hidden-state sends and the token return).
+  longer of m steps of the last stage and one micro-batch's trip through the pp stages and back
+  (its stage steps, the hidden-state sends and the token return); m = 1 is the whole batch
+  passing the stages in turn.
 - TP: 2 all-reduces of the activations per layer forward, 2 more backward (Megatron-LM);
   generation all-gathers the vocabulary-parallel logits each step. PP: one activation send per
   stage boundary per micro-batch. DP: per optimizer step, the bucketed gradient all-reduce and
@@ -138,7 +139,7 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
     return max(mem, compute) + overhead + tp + pp, parts
 
 
-def _token_pass(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:
+def _token_pass(c: _Ctx, b: float, ctx: int, m: int) -> tuple[float, dict]:
     """One decoding step of one micro-batch of ``b`` rows through every stage and back: pp - 1
     stages hand their output on, the last one picks the token, which comes back to the others."""
     t, parts = _decode_step(c, b, ctx, head=True)
@@ -146,7 +147,7 @@ def _token_pass(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:
         mid, mid_parts = _decode_step(c, b, ctx, head=False)
         t += (c.lay.pp - 1) * mid
         _add(parts, mid_parts, c.lay.pp - 1)
-        hops = _hops(c, b)
+        hops = _hops(c, b, m)
         t += hops
         parts["pp_comm"] += hops
     return t, parts
@@ -157,9 +158,9 @@ def _decode_round(c: _Ctx, b: float, m: int, ctx: int) -> tuple[float, dict, flo
     (parallel/generate_micro.py): the last stage (the slowest: it holds the head) works m steps a
     round, and no micro-batch's next step can start before its tokens are back, so the round
     takes the longer of the two. -> (seconds, breakdown, busy stage-seconds of the round)."""
-    trip, parts = _token_pass(c, b, ctx)
+    trip, parts = _token_pass(c, b, ctx, m)
     last, last_parts = _decode_step(c, b, ctx, head=True)
-    hops = _hops(c, b) if c.lay.pp > 1 else 0.0
+    hops = _hops(c, b, m) if c.lay.pp > 1 else 0.0
     busy = m * (trip - hops)  # every micro-batch's stage steps, over all stages
     if m * last > trip:
         parts = {k: v * m for k, v in last_parts.items()}
@@ -167,19 +168,21 @@ def _decode_round(c: _Ctx, b: float, m: int, ctx: int) -> tuple[float, dict, flo
     return trip, parts, busy
 
 
-def _hops(c: _Ctx, b: int) -> float:
+def _hops(c: _Ctx, b: int, m: int) -> float:
     """What a trip through the pp stages pays beyond compute and hidden-state bytes: measured per
     stage boundary where the profile has it (Hardware.pipeline_hop: the next stage's wake-up and
-    per-call work, the tokens' way back), else the token return (one p2p message)."""
+    per-call work, the tokens' way back), else the tokens' return: one p2p message with
+    micro-batches in flight, a broadcast (a binomial tree, ceil(log2 pp) hops) with one."""
     if c.hw.pipeline_hop > 0:
         return (c.lay.pp - 1) * c.hw.pipeline_hop
-    return c.hw.p2p(2 * b * 8, c.links.pp)  # tokens, log-probs in float64
+    hops = 1 if m > 1 else math.ceil(math.log2(c.lay.pp))
+    return hops * c.hw.p2p(2 * b * 8, c.links.pp)  # tokens, log-probs in float64
 
 
 def gen_micro_batches(layout: Layout, m: int, rows: int) -> int:
-    """Micro-batches the runtime's generation runs in flight: at least pp (ParallelModel.generate),
-    at most one a row; one without a pipeline."""
-    return 1 if layout.pp == 1 else max(1, min(max(m, layout.pp), rows))
+    """Micro-batches the runtime's generation runs in flight: the plan's m (1: the stages take
+    turns on the whole batch), at most one a row; one without a pipeline."""
+    return 1 if layout.pp == 1 else max(1, min(m, rows))
 
 
 def _add(acc: dict, part: dict, times: float) -> None:
@@ -215,7 +218,7 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
         _add(acc, parts, 1)
     else:
         t = _pipeline(c, mb, step, parts, acc)  # (the head's share over-counted on the other stages: small)
-        hops = _hops(c, bm)  # the first tokens' way back
+        hops = _hops(c, bm, mb)  # the first tokens' way back
         t += hops
         acc["pp_comm"] = acc.get("pp_comm", 0.0) + hops
     # Decode: the prefill's logits give the first token, and the batch decodes until its longest

@@ -77,9 +77,9 @@ def test_gpu_presets_model_no_sharing():
 
 def test_four_busy_ranks_on_two_cores_take_at_least_the_measured_factor(tmp_path):
     """Colocated on 4 ranks: every step runs on all 4 ranks of the 2-core node, so each takes
-    slowdown(4) = 2.1 times its time alone; but pipelined generation keeps its stages busy only a
-    share of the time (``Estimate.active``: the bubbles and the tokens' trips back), more than the
-    1 / pp of stages taking turns now that micro-batches are in flight (parallel/generate_micro.py)."""
+    slowdown(4) = 2.1 times its time alone; but pipelined generation with one micro-batch, whose
+    stages take turns, keeps about one rank busy of its pp (with pp 2: 2 of its 4 ranks; a little
+    less: the tokens' trips back)."""
     from dataclasses import replace
 
     from meshrl.layout.mesh import Layout
@@ -94,7 +94,7 @@ def test_four_busy_ranks_on_two_cores_take_at_least_the_measured_factor(tmp_path
         check_timeline(shared, tl)
         gen_pp = plan.calls["actor_gen"].layout.pp
         active = shared.call_estimate("actor_gen", plan.calls["actor_gen"]).active
-        assert active == 1.0 if gen_pp == 1 else 1 / gen_pp < active < 1.0
+        assert active == 1.0 if gen_pp == 1 else 0.8 / gen_pp < active <= 1 / gen_pp
         for e in tl.events:
             if e.kind == "call" and e.devices:
                 factor = shared.hw.slowdown(4 * active) if e.name == "actor_gen" else 2.1
@@ -130,9 +130,9 @@ def test_validate_predicts_each_call_as_run(tmp_path):
 
 def test_a_pipeline_keeps_busy_only_the_stages_outside_its_bubble(tmp_path):
     """pp 4 with one micro-batch: the stages take turns, one rank computes at a time, so nothing is
-    stretched; with m micro-batches each stage works m of the m + 3 stage steps. Generation runs at
-    least pp micro-batches in flight whatever m says (ParallelModel.generate), so the same share
-    for m = 1 and 4: more than one stage of 4, less than all (the tokens' trips back)."""
+    stretched; with m micro-batches each stage works m of the m + 3 stage steps. Generation with
+    one micro-batch keeps about one stage of 4 busy; with 4 in flight (parallel/generate_micro.py)
+    more, less than all (the tokens' trips back)."""
     from dataclasses import replace
 
     from meshrl.layout.mesh import Layout
@@ -148,8 +148,8 @@ def test_a_pipeline_keeps_busy_only_the_stages_outside_its_bubble(tmp_path):
                 est = shared.call_estimate(e.name, plan.calls[e.name])
                 share = est.active if e.name == "actor_gen" else m / (m + 3)
                 if e.name == "actor_gen":
-                    assert 1 / 4 < share < 1
+                    assert 0.8 / 4 < share <= 1 / 4 if m == 1 else 1 / 4 < share < 1
                     gen_share.append(share)
                 assert est.active == pytest.approx(share)
                 assert e.end - e.start == pytest.approx(e.duration * shared.hw.slowdown(4 * share))
-    assert gen_share[0] == pytest.approx(gen_share[-1])
+    assert gen_share[0] < gen_share[-1]

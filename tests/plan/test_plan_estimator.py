@@ -158,9 +158,10 @@ def test_pipelined_decoding_keeps_its_stages_busy():
     prefill's bubble keep it a little behind dp2. More micro-batches than pp only add weight reads."""
     shape = RunShape(prompt_len=128, gen_len=384, batch_size=256)
     one, dp = est("generate", shape=shape), est("generate", Layout(2, 1, 1), shape=shape)
-    pp, pp4 = est("generate", Layout(1, 1, 2), shape=shape), est("generate", Layout(1, 1, 2), m=4, shape=shape)
+    pp, pp4 = est("generate", Layout(1, 1, 2), m=2, shape=shape), est("generate", Layout(1, 1, 2), m=4, shape=shape)
     assert pp.active > 0.9
     assert dp.time_s < pp.time_s < 1.2 * dp.time_s and pp.time_s < 0.75 * one.time_s
     assert pp.weights_bytes < 0.6 * dp.weights_bytes  # what pp buys over dp: half the weights a device
     assert pp4.time_s > pp.time_s
-    assert est("generate", Layout(1, 1, 2), m=1, shape=shape).time_s == pp.time_s  # runs >= pp micro-batches
+    turns = est("generate", Layout(1, 1, 2), m=1, shape=shape)  # the stages take turns
+    assert turns.time_s > 1.3 * pp.time_s and turns.active < 0.51
