@@ -8,7 +8,9 @@ that both give the same tokens (and the one-process engine's), prints the median
 
 Each rank runs one thread (OMP_NUM_THREADS=1, as meshrl's launcher starts ranks), so on a machine
 with 2 free cores the two stages can compute at the same time; on a loaded machine the gain is
-what the cores left over allow.
+what the cores left over allow: the script prints how many cores the two ranks got at once (the
+same fixed work on both, before and after), and the CPU time of both ranks, which micro-batches
+raise by their extra stage passes (each pays the model's fixed per-call cost).
 """
 
 from __future__ import annotations
@@ -60,6 +62,22 @@ def _run(m: int) -> tuple[float, float, torch.Tensor]:
     return time.perf_counter() - t0, time.process_time() - c0, out.responses
 
 
+def _spin() -> tuple[float, float]:
+    """The same fixed work on both ranks at once: (wall, CPU seconds) of this rank."""
+    a = torch.randn(256, 256)
+    dist.barrier()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(400):
+        a = torch.tanh(a @ a)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _cores(pool: RankPool) -> float:
+    """Cores the two ranks got at once: their CPU seconds over the wall time of the slower."""
+    res = pool.run(_spin)
+    return sum(c for _, c in res) / max(w for w, _ in res)
+
+
 def _one_process() -> torch.Tensor:
     from meshrl.model.generation import generate
 
@@ -81,6 +99,7 @@ def main() -> None:
     with RankPool(2, timeout=600) as pool:
         pool.run(_setup, args.preset, args.batch, args.prompt, args.tokens, args.sample)
         want = pool.run(_one_process)[0]
+        cores = [_cores(pool)]
         for r in range(args.reps + 1):
             for m in times:
                 res = pool.run(_run, m)
@@ -90,6 +109,7 @@ def main() -> None:
                 if r:  # the first round warms up
                     times[m].append(max(t for t, _, _ in res))  # the slower rank ends the call
                     cpu[m].append(sum(c for _, c, _ in res))
+        cores.append(_cores(pool))
     old, new = statistics.median(times[1]), statistics.median(times[args.micro])
     mode = "sampled" if args.sample else "greedy"
     print(f"{args.preset}, pp2 on 2 gloo ranks, {args.batch} prompts of <= {args.prompt} tokens, "
@@ -100,6 +120,8 @@ def main() -> None:
     print(f"stages take turns (micro_batches=1)      {old * 1e3:8.1f} ms  {c_old * 1e3:8.1f} ms")
     print(f"micro-batches in flight (micro_batches={args.micro}) {new * 1e3:8.1f} ms  {c_new * 1e3:8.1f} ms")
     print(f"wall time: x{old / new:.2f} faster with micro-batches in flight (CPU time x{c_new / c_old:.2f})")
+    print(f"cores the two ranks got at once (a fixed spin on both, before and after): "
+          f"{cores[0]:.2f} and {cores[1]:.2f} of 2")
 
 
 if __name__ == "__main__":

@@ -205,8 +205,8 @@ def _pipeline(c: _Ctx, m: int, step: float, parts: dict, acc: dict) -> float:
 
 def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     """As the runtime generates a replica's prompts (parallel/generate.py): with pp > 1 in
-    ``gen_micro_batches`` micro-batches in flight, prefills pipelined as an inference call's
-    forwards, then decoding rounds of the whole batch (``_decode_round``)."""
+    ``gen_micro_batches`` micro-batches in flight (1: the stages in turn), prefills pipelined as
+    an inference call's forwards, then decoding rounds of the whole batch (``_decode_round``)."""
     b = s_dp = math.ceil(spec.sequences(shape) / c.lay.dp)
     mb = gen_micro_batches(c.lay, m, b)
     bm = math.ceil(b / mb)
