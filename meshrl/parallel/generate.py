@@ -18,7 +18,7 @@ import torch
 
 from ..errors import UserError
 from ..model.generation import (GenerationConfig, GenerationOutput, compact_caches, compiled, decode_loop,
-                                left_pad, make_caches, pick_token, seed_keys)
+                                cache_length, left_pad, make_caches, pick_token, seed_keys)
 from .generate_micro import micro_decode
 from .groups import Axis
 from .pipeline import Pipe
@@ -63,13 +63,14 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, dev)
     # The stage's layers are compiled where they hold no collective (tp = 1); sends, receives and
     # tensor-parallel all-reduces stay eager.
-    fwd = compiled("stage_forward", _stage_forward, stage) if cfg.use_compile and tp.size == 1 else _stage_forward
+    static = cfg.use_compile and tp.size == 1
+    fwd = compiled("stage_forward", _stage_forward, stage) if static else _stage_forward
+    cache_len = cache_length(ids.shape[1] + cfg.max_new_tokens, static)
     if pipe.axis.size > 1 and m > 1 and len(prompts) > 1:
         return micro_decode(pipe, lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start),
                             lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, fwd),
-                            lambda b: make_caches(stage, b, ids.shape[1] + cfg.max_new_tokens),
-                            ids, prompt_mask, keys, cfg, m, static=fwd is not _stage_forward)
-    caches = make_caches(stage, len(prompts), ids.shape[1] + cfg.max_new_tokens)
+                            lambda b: make_caches(stage, b, cache_len), ids, prompt_mask, keys, cfg, m, static)
+    caches = make_caches(stage, len(prompts), cache_len)
 
     def pick(logits: torch.Tensor | None, rows: torch.Tensor, step: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.generation import GenerationConfig, GenerationOutput, compact_caches, pick_token
+from ..model.generation import (GenerationConfig, GenerationOutput, cache_length, compact_caches, compaction_keep,
+                                pick_token)
 from .pipeline import Pipe
 
 # pass_fn(x [b, s], mask, caches, start) -> float32 logits [b, V] of the last position on the last
@@ -46,7 +47,7 @@ class _Micro:
 
     rows: torch.Tensor  # [b] original index of each row still in the micro-batch
     ids: torch.Tensor  # [b, P] the left-padded prompts (prefill)
-    mask: torch.Tensor  # [b, P+N] the mask of the whole run
+    mask: torch.Tensor  # [b, P+N (bucketed when static)] the mask of the whole run
     caches: list
     alive: torch.Tensor  # [b] bool
     tok: torch.Tensor | None = None  # [b] the last tokens picked: the next pass's input
@@ -63,11 +64,14 @@ def micro_decode(pipe: Pipe, prefill: PassFn, decode: PassFn, make_caches: Calla
                  ids: torch.Tensor, prompt_mask: torch.Tensor, keys: torch.Tensor | None,
                  cfg: GenerationConfig, m: int, static: bool = False) -> GenerationOutput:
     """``decode_loop``'s contract and result, with ``m`` micro-batches in flight through the pipe.
-    ``make_caches(b)`` makes a micro-batch's static caches; ``keys`` [B] (None = greedy);
-    ``static``: decode gets the whole mask and a tensor slot (the compiled step)."""
+    ``make_caches(b)`` makes a micro-batch's static caches (``cache_length(P + N, static)`` slots);
+    ``keys`` [B] (None = greedy); ``static``: decode gets the whole mask and a tensor slot (the
+    compiled step; the slots a bucketed cache has beyond P + N stay masked)."""
     b, p = ids.shape
     n, dev = cfg.max_new_tokens, ids.device
     mask = torch.cat([prompt_mask, torch.ones(b, n, dtype=torch.long, device=dev)], 1)
+    if static:
+        mask = torch.nn.functional.pad(mask, (0, cache_length(p + n, True) - (p + n)))
     out_tok = torch.full((b, n), cfg.pad_token_id, dtype=torch.long, device=dev)
     out_lp = torch.zeros(b, n, dtype=torch.float32, device=dev)
     out_alive = torch.zeros(b, n, dtype=torch.long, device=dev)
@@ -106,7 +110,7 @@ def micro_decode(pipe: Pipe, prefill: PassFn, decode: PassFn, make_caches: Calla
             if live == 0:
                 mb.done = True
             elif live <= cfg.compact_below * len(mb.rows):
-                keep = mb.alive.nonzero().squeeze(1)
+                keep = compaction_keep(mb.alive, static)
                 compact_caches(mb.caches, keep)
                 mb.rows, mb.alive, mb.tok, mb.mask = mb.rows[keep], mb.alive[keep], mb.tok[keep], mb.mask[keep]
 
