@@ -12,12 +12,14 @@ After its pass of micro-batch j the last stage picks j's tokens (``generation.pi
 same per-row counter-based noise as one process, so the same tokens) and sends them with their
 log-probs to every other stage (non-blocking point-to-point sends, one small [2, b] float64 message
 per stage). A stage other than the last receives j's tokens right before its next pass of j (stage
-0 embeds them); in steady state they have long arrived: between two passes of j a stage runs the
-other m - 1 micro-batches, and the tokens need pp - 1 stage steps to come back, so with m >= pp no
-stage waits. Every stage applies the tokens with the same bookkeeping as ``decode_loop`` (record,
-end-of-sequence, host check every ``sync_every`` steps, compaction of the micro-batch), so all of
-them agree, without another message, on which micro-batches still run and which rows they hold; a
-finished micro-batch stops costing at once.
+0 embeds them). Between two passes of j a stage runs the other m - 1 micro-batches, while j's
+pass travels the other pp - 1 stages and its tokens come back: with m = pp a round takes one
+micro-batch's trip (pp stage steps and the messages' latencies), every stage computing all but
+those latencies; more micro-batches hide the latencies too, at the price of more passes (each
+reads the stage's weights and pays its per-call cost). Every stage applies the tokens with the
+same bookkeeping as ``decode_loop`` (record, end-of-sequence, host check every ``sync_every``
+steps, compaction of the micro-batch), so all of them agree, without another message, on which
+micro-batches still run and which rows they hold; a finished micro-batch stops costing at once.
 
 No deadlock: every message a stage waits for (a hidden state from the stage before, the tokens of
 an earlier pass from the last) was sent by a pass that comes earlier in the one order all stages
