@@ -146,7 +146,7 @@ def compiled(name: str, fn: Callable, owner: torch.nn.Module) -> Callable:
         import torch._dynamo
         cfg = torch._dynamo.config
         cfg.cache_size_limit = max(cfg.cache_size_limit, RECOMPILE_LIMIT)
-        cache[name] = torch.compile(fn, dynamic=False)
+        cache[name] = torch.compile(fn, dynamic=False, options={"cpp_wrapper": True})
     return cache[name]
 
 
