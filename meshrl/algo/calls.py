@@ -70,7 +70,8 @@ def generate_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: P
     cfg, tok = ctx.cfg, ctx.tokenizer
     p_ids, p_mask = part["prompt_ids"], part["prompt_mask"]
     prompts = [row[m.bool()].tolist() for row, m in zip(p_ids, p_mask, strict=True)]
-    out = h.generate(prompts, generation_config(cfg, tok, greedy), None if greedy else part["sample_seed"].tolist())
+    out = h.generate(prompts, generation_config(cfg, tok, greedy), None if greedy else part["sample_seed"].tolist(),
+                     place.micro_batches)
     return Batch(pack_generation(out, p_ids, p_mask, cfg.data.gen_len, tok.pad_token_id), part.index)
 
 

@@ -32,8 +32,9 @@ class ModelHandle(Protocol):
                ) -> torch.Tensor | None:
         """values [B, S]."""
 
-    def generate(self, prompts: list[list[int]], gen_cfg: GenerationConfig, seeds: list[int] | None = None
-                 ) -> GenerationOutput: ...
+    def generate(self, prompts: list[list[int]], gen_cfg: GenerationConfig, seeds: list[int] | None = None,
+                 micro_batches: int | None = None) -> GenerationOutput:
+        """``micro_batches``: in flight through a pipeline (None: pp; one process: unused)."""
 
     def forward_backward(self, batch: Mapping[str, torch.Tensor], loss_fn: LossFn, micro_batches: int = 1,
                          entropy: bool = False, moe_aux: float = 0.0) -> float:
@@ -77,8 +78,8 @@ class LocalHandle:
         self.model.eval()
         return self._head({"input_ids": input_ids, "attention_mask": attention_mask}, False).values
 
-    def generate(self, prompts: list[list[int]], gen_cfg: GenerationConfig, seeds: list[int] | None = None
-                 ) -> GenerationOutput:
+    def generate(self, prompts: list[list[int]], gen_cfg: GenerationConfig, seeds: list[int] | None = None,
+                 micro_batches: int | None = None) -> GenerationOutput:
         self.model.eval()
         return generate(self.model, prompts, gen_cfg, seeds)
 

@@ -6,6 +6,10 @@ Each stage keeps a static KV cache for its own layers and its own (tensor-parall
 heads. Because sampling reuses ``generation.pick_token`` on the full float32 logits with per-row
 counter-based noise, a row draws the same tokens as on one process; greedy decoding is argmax
 either way. Compaction drops the same finished rows on every stage (all see the same tokens).
+
+With pp > 1 the batch is split into micro-batches (``micro_batches``, default pp) that are in
+flight at once, each stage working on a different one (generate_micro.py); ``micro_batches=1``
+keeps the plain loop, where the whole batch passes the stages in turn (1 / pp of the ranks busy).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 from ..errors import UserError
 from ..model.generation import (GenerationConfig, GenerationOutput, compact_caches, compiled, decode_loop,
                                 cache_length, left_pad, make_caches, pick_token, seed_keys)
+from .generate_micro import micro_decode
 from .groups import Axis
 from .pipeline import Pipe
 from .stage import Stage
@@ -42,18 +47,30 @@ def _step(stage: Stage, pipe: Pipe, tp: Axis, x: torch.Tensor, mask: torch.Tenso
 
 @torch.inference_mode()
 def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[int]], cfg: GenerationConfig,
-                       seeds: list[int] | None = None) -> GenerationOutput:
+                       seeds: list[int] | None = None, micro_batches: int | None = None) -> GenerationOutput:
     """Same contract as ``meshrl.model.generation.generate``; every rank of the replica calls it
-    with the same prompts and gets the same output."""
+    with the same prompts (and ``micro_batches``) and gets the same output. ``micro_batches``:
+    micro-batches in flight when pp > 1 (None: pp; 1: the stages take turns on the whole batch)."""
     cfg.validate()
+    m = pipe.axis.size if micro_batches is None else micro_batches
+    if m < 1:
+        raise UserError(f"generate: micro_batches must be >= 1, got {m}")
     if not cfg.greedy and seeds is None:
         raise UserError("generate: sampling on several ranks needs per-row seeds (randomness belongs "
                         "to the data, so every rank and every layout draws the same tokens)")
     dev = stage.device
     keys = None if cfg.greedy else seed_keys(seeds, len(prompts), dev)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, dev)
+    # The stage's layers are compiled where they hold no collective (tp = 1); sends, receives and
+    # tensor-parallel all-reduces stay eager.
     static = cfg.use_compile and tp.size == 1
-    caches = make_caches(stage, len(prompts), cache_length(ids.shape[1] + cfg.max_new_tokens, static))
+    fwd = compiled("stage_forward", _stage_forward, stage) if static else _stage_forward
+    cache_len = cache_length(ids.shape[1] + cfg.max_new_tokens, static)
+    if pipe.axis.size > 1 and m > 1 and len(prompts) > 1:
+        return micro_decode(pipe, lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start),
+                            lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, fwd),
+                            lambda b: make_caches(stage, b, cache_len), ids, prompt_mask, keys, cfg, m, static)
+    caches = make_caches(stage, len(prompts), cache_len)
 
     def pick(logits: torch.Tensor | None, rows: torch.Tensor, step: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,9 +83,6 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
         pipe.broadcast_from_last(packed)
         return packed[0].long(), packed[1].float()
 
-    # The stage's layers are compiled where they hold no collective (tp = 1); sends, receives and
-    # tensor-parallel all-reduces stay eager.
-    fwd = compiled("stage_forward", _stage_forward, stage) if static else _stage_forward
     out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0),
                       lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd),
                       pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg,

@@ -223,13 +223,16 @@ class ParallelModel:
         loss = self.forward_backward(batch, loss_fn, micro_batches, entropy)
         return {"loss": loss, "grad_norm": self.optimizer_step()}
 
-    def generate(self, prompts: list[list[int]], gen_cfg: GenerationConfig, seeds: list[int] | None = None
-                 ) -> GenerationOutput:
+    def generate(self, prompts: list[list[int]], gen_cfg: GenerationConfig, seeds: list[int] | None = None,
+                 micro_batches: int | None = None) -> GenerationOutput:
         """Pipelined / tensor-parallel generation of this replica's prompts; see generate.py.
-        Sampling needs per-row ``seeds``; the output is the same on every rank of the replica."""
+        Sampling needs per-row ``seeds``; the output is the same on every rank of the replica.
+        ``micro_batches`` in flight through the pipeline (the runtime passes the plan's count for
+        the call): None = pp, each stage working on its own one; 1 = the stages take turns on the
+        whole batch (fewer passes: cheaper where a pass costs mostly its fixed overhead)."""
         if self.value_head:
             raise UserError("generate: a value model cannot generate")
-        return pipelined_generate(self.stage, self.pipe, self.groups.tp, prompts, gen_cfg, seeds)
+        return pipelined_generate(self.stage, self.pipe, self.groups.tp, prompts, gen_cfg, seeds, micro_batches)
 
     # ---- parameters, for reallocation and checkpoints ---------------------------------------
     def local_state(self) -> dict[str, torch.Tensor]:

@@ -2,8 +2,9 @@
 
 Schedules: training runs **1F1B** (one-forward-one-backward: stage s runs pp - s - 1 warm-up
 forwards, then alternates, then drains the backwards), so a stage keeps at most pp - s micro-batches
-of activations alive; inference runs forwards only; generation (in model.py) runs prefill and every
-decode step through the stages and broadcasts each new token from the last stage back to all.
+of activations alive; inference runs forwards only; generation (generate.py) runs prefill and every
+decode step through the stages, with micro-batches in flight (generate_micro.py: each stage works on
+a different micro-batch, the last sends each micro-batch's new tokens back to the others).
 
 Why not ``torch.distributed.pipelining``: its schedules own the loss and the micro-batch split and
 trace a stage as one module with tensor inputs, while here a stage also needs the attention mask,
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from . import comm
 from .groups import Axis
 
-_FWD, _BWD = 0, 1  # message tags: activations travel down, gradients travel up
+_FWD, _BWD, _TOK = 0, 1, 2  # message tags: activations travel down, gradients up, sampled tokens back
 
 
 class Pipe:
@@ -42,6 +43,8 @@ class Pipe:
 
     def _send(self, t: torch.Tensor, dst: int, tag: int) -> None:
         t = t.detach().contiguous()
+        if len(self._pending) >= 64:  # a long generation sends thousands: drop the finished ones
+            self._pending = [(w, x) for w, x in self._pending if not w.is_completed()]
         self._pending.append((comm.isend(t, dst, self.axis.group, tag), t))
 
     def _recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, tag: int) -> torch.Tensor:
@@ -60,6 +63,16 @@ class Pipe:
 
     def recv_backward(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return self._recv(shape, dtype, self.axis.ranks[self.axis.index + 1], _BWD)
+
+    def send_to_stages(self, t: torch.Tensor) -> None:
+        """From the last stage to every other stage (the tokens of micro-batched decoding)."""
+        for dst in self.axis.ranks[:-1]:
+            self._send(t, dst, _TOK)
+
+    def recv_from_last(self, buf: torch.Tensor) -> torch.Tensor:
+        """Fill ``buf`` with what the last stage sent by ``send_to_stages`` (waits with the deadline)."""
+        comm.irecv(buf, self.axis.ranks[-1], self.axis.group, _TOK).wait(self.timeout)
+        return buf
 
     def wait_sends(self) -> None:
         for work, _ in self._pending:

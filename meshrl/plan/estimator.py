@@ -6,9 +6,12 @@ The model, per call kind (``docs/planner.md`` derives each term):
   (4 q_size per query-key pair per layer); backward = 2 x forward. A pipeline of ``pp`` stages
   and ``m`` micro-batches takes ``(m + pp - 1)`` stage steps (GPipe / 1F1B bubble).
 - decoding: each step reads the stage's weights and the KV cache from memory, so a step costs
-  ``max(bytes / HBM bandwidth, FLOPs / FLOP/s)``; as the runtime generates (parallel/generate.py),
-  a replica's whole batch goes through the stages one after another, prefill and every decoding
-  step (no micro-batches: gen_len - 1 steps of pp stage steps each, plus the token broadcast).
+  ``max(bytes / HBM bandwidth, FLOPs / FLOP/s)``; as the runtime generates (parallel/generate.py,
+  generate_micro.py), with pp > 1 a replica's batch is split into the plan's m micro-batches in
+  flight, each stage working on a different one: a decoding round of the whole batch takes the
+  longer of m steps of the last stage and one micro-batch's trip through the pp stages and back
+  (its stage steps, the hidden-state sends and the token return); m = 1 is the whole batch
+  passing the stages in turn.
 - TP: 2 all-reduces of the activations per layer forward, 2 more backward (Megatron-LM);
   generation all-gathers the vocabulary-parallel logits each step. PP: one activation send per
   stage boundary per micro-batch. DP: per optimizer step, the bucketed gradient all-reduce and
@@ -136,27 +139,50 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
     return max(mem, compute) + overhead + tp + pp, parts
 
 
-def _token_pass(c: _Ctx, b: int, ctx: int) -> tuple[float, dict]:
-    """One decoding step through every stage in turn, as parallel/generate.py runs it (the whole
-    replica batch, no micro-batches in flight): pp - 1 stages hand their output on, the last one
-    picks the token, which a broadcast (a binomial tree: ceil(log2 pp) hops) brings back to all."""
+def _token_pass(c: _Ctx, b: float, ctx: int, m: int) -> tuple[float, dict]:
+    """One decoding step of one micro-batch of ``b`` rows through every stage and back: pp - 1
+    stages hand their output on, the last one picks the token, which comes back to the others."""
     t, parts = _decode_step(c, b, ctx, head=True)
     if c.lay.pp > 1:
         mid, mid_parts = _decode_step(c, b, ctx, head=False)
         t += (c.lay.pp - 1) * mid
         _add(parts, mid_parts, c.lay.pp - 1)
-        hops = _hops(c, b)
+        hops = _hops(c, b, m)
         t += hops
         parts["pp_comm"] += hops
     return t, parts
 
 
-def _hops(c: _Ctx, b: int) -> float:
-    """What a pass through the pp stages pays beyond compute and hidden-state bytes: measured per
-    stage boundary where the profile has it (Hardware.pipeline_hop), else the token broadcast."""
+def _decode_round(c: _Ctx, b: float, m: int, ctx: int) -> tuple[float, dict, float]:
+    """One decoding step of the whole batch, ``m`` micro-batches of ``b`` rows in flight
+    (parallel/generate_micro.py): the last stage (the slowest: it holds the head) works m steps a
+    round, and no micro-batch's next step can start before its tokens are back, so the round
+    takes the longer of the two. -> (seconds, breakdown, busy stage-seconds of the round)."""
+    trip, parts = _token_pass(c, b, ctx, m)
+    last, last_parts = _decode_step(c, b, ctx, head=True)
+    hops = _hops(c, b, m) if c.lay.pp > 1 else 0.0
+    busy = m * (trip - hops)  # every micro-batch's stage steps, over all stages
+    if m * last > trip:
+        parts = {k: v * m for k, v in last_parts.items()}
+        return m * last, parts, busy
+    return trip, parts, busy
+
+
+def _hops(c: _Ctx, b: int, m: int) -> float:
+    """What a trip through the pp stages pays beyond compute and hidden-state bytes: measured per
+    stage boundary where the profile has it (Hardware.pipeline_hop: the next stage's wake-up and
+    per-call work, the tokens' way back), else the tokens' return: one p2p message with
+    micro-batches in flight, a broadcast (a binomial tree, ceil(log2 pp) hops) with one."""
     if c.hw.pipeline_hop > 0:
         return (c.lay.pp - 1) * c.hw.pipeline_hop
-    return math.ceil(math.log2(c.lay.pp)) * c.hw.p2p(2 * b * 8, c.links.pp)  # tokens, log-probs in float64
+    hops = 1 if m > 1 else math.ceil(math.log2(c.lay.pp))
+    return hops * c.hw.p2p(2 * b * 8, c.links.pp)  # tokens, log-probs in float64
+
+
+def gen_micro_batches(layout: Layout, m: int, rows: int) -> int:
+    """Micro-batches the runtime's generation runs in flight: the plan's m (1: the stages take
+    turns on the whole batch), at most one a row; one without a pipeline."""
+    return 1 if layout.pp == 1 else max(1, min(m, rows))
 
 
 def _add(acc: dict, part: dict, times: float) -> None:
@@ -178,15 +204,21 @@ def _pipeline(c: _Ctx, m: int, step: float, parts: dict, acc: dict) -> float:
 
 
 def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
-    """The runtime generates a replica's prompts in one pass (parallel/generate.py: no micro-batches,
-    so ``m`` plays no part), each prefill and decoding step going through the stages in turn."""
+    """As the runtime generates a replica's prompts (parallel/generate.py): with pp > 1 in
+    ``gen_micro_batches`` micro-batches in flight (1: the stages in turn), prefills pipelined as
+    an inference call's forwards, then decoding rounds of the whole batch (``_decode_round``)."""
     b = s_dp = math.ceil(spec.sequences(shape) / c.lay.dp)
+    mb = gen_micro_batches(c.lay, m, b)
+    bm = math.ceil(b / mb)
     acc: dict[str, float] = {}
-    step, parts = _forward_step(c, b, shape.prompt_len, shape.prompt_len, prefill=True)
-    t = c.lay.pp * step  # the stages one after another (the head's share over-counted pp - 1 times: small)
-    _add(acc, parts, c.lay.pp)
-    if c.lay.pp > 1:
-        hops = _hops(c, b)
+    step, parts = _forward_step(c, bm, shape.prompt_len, shape.prompt_len, prefill=True)
+    busy = mb * c.lay.pp * step
+    if c.lay.pp == 1:
+        t = step
+        _add(acc, parts, 1)
+    else:
+        t = _pipeline(c, mb, step, parts, acc)  # (the head's share over-counted on the other stages: small)
+        hops = _hops(c, bm, mb)  # the first tokens' way back
         t += hops
         acc["pp_comm"] = acc.get("pp_comm", 0.0) + hops
     # Decode: the prefill's logits give the first token, and the batch decodes until its longest
@@ -195,13 +227,14 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     # on average b x mean / longest of them (weights and step overheads are paid per step regardless).
     longest = shape.longest(b)
     n_dec = max(0, round(longest) - 1)
-    alive = b * shape.mean_len / max(longest, 1.0) if shape.compact else b
+    alive = bm * shape.mean_len / max(longest, 1.0) if shape.compact else bm
     n_pts = min(DECODE_POINTS, n_dec)
     per_pt = n_dec / max(n_pts, 1)
     for i in range(n_pts):
         ctx = shape.prompt_len + int((i + 0.5) * per_pt) + 1
-        step, parts = _token_pass(c, alive, ctx)
+        step, parts, busy_round = _decode_round(c, alive, mb, ctx)
         t += per_pt * step
+        busy += per_pt * busy_round
         _add(acc, parts, per_pt)
     seqs = spec.sequences(shape)
     mc = c.mc
@@ -210,12 +243,15 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     gen = shape.mean_len  # useful FLOPs: the tokens actually generated
     flops += seqs * (gen * mc.matmul_flops_per_token() + mc.attn_flops(gen, shape.prompt_len + gen))
     # KV cache: every row's slots for the whole budget; a compacting (paged) engine holds the tokens
-    # of the rows it runs, on average the prompt and the mean response.
+    # of the rows it runs, on average the prompt and the mean response. Logits and the prefill's
+    # activations: one micro-batch's at a time.
     kv_len = shape.prompt_len + shape.mean_len if shape.compact else shape.seq_len
     kv = s_dp * kv_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
-    logits = b * mc.out_width / c.lay.tp * LOGIT_BYTES
-    prefill_act = b * shape.prompt_len * mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
-    return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=1.0 / c.lay.pp)
+    logits = bm * mc.out_width / c.lay.tp * LOGIT_BYTES
+    prefill_act = bm * shape.prompt_len * mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
+    # the share of the stages computing at once: their busy seconds over pp x the call's
+    active = min(1.0, busy / (c.lay.pp * t)) if t > 0 else 1.0
+    return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=active)
 
 
 def _inference(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
@@ -289,9 +325,9 @@ def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches
 
 def max_micro_batches(spec: CallSpec, shape: RunShape, layout: Layout) -> int:
     """More micro-batches than sequences per DP rank (per mini-batch) would leave some empty."""
-    if spec.kind == "generate":
-        return 1  # the runtime generates a replica's prompts in one pass (parallel/generate.py)
     per = spec.sequences(shape) / layout.dp
+    if spec.kind == "generate" and layout.pp == 1:
+        return 1  # one process per replica generates its prompts in one batch
     if spec.kind == "train":
         per /= shape.mini_batches
     return max(1, math.ceil(per))

@@ -21,8 +21,8 @@ the global order, so generation overlaps training.
 
 Shared cores (CPU profiles only): ranks of one node that compute at once share its cores. Then a
 step runs at rate 1 / slowdown(busy ranks on its node), the measured curve of the profile; a call
-counts as many busy ranks as compute at once (``Estimate.active``: pipelined generation's stages
-take turns, so a pp-stage generation keeps 1 / pp of its ranks busy)
+counts as many busy ranks as compute at once (``Estimate.active``: a pipeline's stages idle in its
+bubble and, in generation, while a micro-batch's tokens travel back)
 (``Hardware.slowdown``), re-evaluated whenever a step starts or ends (processor sharing, simulated
 event by event); a step over several nodes goes at its slowest node's rate. ``Event.duration`` is
 the step's time alone; ``end - start`` its time as run. GPU presets have no curve, and then the plain

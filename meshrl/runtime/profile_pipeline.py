@@ -7,8 +7,10 @@ latencies of this machine's processes and gloo, not FLOPs, so they are measured:
 ``RankPool`` generate with meshrl's own tiny model at pp = 2, and rank 0 alone at pp = 1 (the same
 prompts, greedy), 2 and 16 new tokens each, timed alternately; the hop is the extra seconds per
 decoding step of pp = 2 over pp = 1 ((t16 - t2) / 14 of each, so the prefill cancels), the median
-of the two batch sizes measured. Measured here: 1.2-1.7 ms per step at 8, 32 and 64 sequences,
-where the p2p ping-pong of the collectives' fit gives 0.05-0.9 ms.
+of the two batch sizes measured. pp = 2 runs the whole batch as one micro-batch, the stages in
+turn, so that the difference is the hops and not the overlap of micro-batches. Measured here:
+1.2-1.7 ms per step at 8, 32 and 64 sequences, where the p2p ping-pong of the collectives' fit
+gives 0.05-0.9 ms.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def _setup() -> bool:
 def _generate(which: str, batch: int, tokens: int, reps: int) -> float | None:
     """Median seconds of ``reps`` greedy generations (after one warm-up); None off the mesh."""
     from ..model.generation import GenerationConfig
+    from ..parallel.generate import pipelined_generate
 
     model = _state[which]
     if model is None:
@@ -56,7 +59,7 @@ def _generate(which: str, batch: int, tokens: int, reps: int) -> float | None:
         if which == "pp2":
             dist.barrier()
         t = time.perf_counter()
-        model.generate(prompts, cfg)
+        pipelined_generate(model.stage, model.pipe, model.groups.tp, prompts, cfg, micro_batches=1)
         if r:
             times.append(time.perf_counter() - t)
     return statistics.median(times)

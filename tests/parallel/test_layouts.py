@@ -163,3 +163,55 @@ def _aux_grads(layout: str) -> float | None:
 def test_moe_balance_loss_gradient_under_layouts(pool, layout):
     got = [r for r in pool.run(_aux_grads, layout) if r is not None]
     assert len(got) == 8 and max(got) <= TOLERANCE, got
+
+
+# Pipelined decoding with micro-batches in flight (meshrl/parallel/generate_micro.py): 7 prompts
+# (not divisible by the micro-batch count) with an end-of-sequence token that ends rows at
+# different steps, greedy and sampled with temperature, top-k and top-p, against one process.
+MICRO_JOBS = [("dp1tp1pp2@0-1", 2), ("dp1tp2pp2@2-5", 2), ("dp1tp1pp2@6-7", 3)]
+
+
+def _micro_generate(jobs: list[tuple[str, int]]) -> dict | None:
+    """Worker: this rank's micro-batched generations vs ``generate`` on one process (tokens, masks
+    equal; largest log-prob difference), or None outside every mesh."""
+    import torch
+    import torch.distributed as dist
+
+    from meshrl.layout.mesh import Placement
+    from meshrl.model.checkpoint import build_model
+    from meshrl.model.generation import GenerationConfig, generate
+    from meshrl.parallel.groups import GroupCache
+    from meshrl.parallel.model import ParallelModel
+
+    model = build_model("tiny", seed=11)
+    cache, pls = GroupCache(), [Placement.parse(t) for t, _ in jobs]
+    pms = [ParallelModel.from_state(model.config, pl, cache, model.state_dict()) for pl in pls]
+    mine = [(pm, m) for pm, (_, m) in zip(pms, jobs, strict=True) if pm is not None]
+    if not mine:
+        return None
+    (pm, m), = mine
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (2 + i % 5,), generator=gen).tolist() for i in range(7)]
+    seeds = [100 + i for i in range(7)]
+    res = {"rank": dist.get_rank(), "tokens_equal": True, "lp_diff": 0.0, "lengths": []}
+    for greedy in (True, False):
+        cfg = GenerationConfig(max_new_tokens=8, greedy=greedy, temperature=0.8, top_k=40, top_p=0.9,
+                               pad_token_id=256)
+        free = generate(model, prompts, cfg, seeds).responses
+        cfg.eos_token_id = int(free[0, 2])  # row 0 ends at step 2 (or before); others later or never
+        want = generate(model, prompts, cfg, seeds)
+        got = pm.generate(prompts, cfg, None if greedy else seeds, micro_batches=m)
+        res["tokens_equal"] &= bool(torch.equal(got.responses, want.responses)
+                                    and torch.equal(got.response_mask, want.response_mask))
+        res["lp_diff"] = max(res["lp_diff"], float((got.response_logprobs - want.response_logprobs).abs().max()))
+        res["lengths"].append(sorted(set(want.response_mask.sum(1).tolist())))
+    return res
+
+
+def test_micro_batched_generation_equals_one_process(pool):
+    got = [r for r in pool.run(_micro_generate, MICRO_JOBS) if r is not None]
+    assert len(got) == 8
+    for r in got:
+        assert r["tokens_equal"], r
+        assert r["lp_diff"] <= 1e-4, r
+        assert all(len(lens) >= 2 for lens in r["lengths"]), r  # rows really end at different steps

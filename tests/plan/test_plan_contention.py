@@ -77,8 +77,9 @@ def test_gpu_presets_model_no_sharing():
 
 def test_four_busy_ranks_on_two_cores_take_at_least_the_measured_factor(tmp_path):
     """Colocated on 4 ranks: every step runs on all 4 ranks of the 2-core node, so each takes
-    slowdown(4) = 2.1 times its time alone; but pipelined generation, whose stages take turns,
-    keeps one rank busy of its pp (with pp 2: 2 of its 4 ranks)."""
+    slowdown(4) = 2.1 times its time alone; but pipelined generation with one micro-batch, whose
+    stages take turns, keeps about one rank busy of its pp (with pp 2: 2 of its 4 ranks; a little
+    less: the tokens' trips back)."""
     from dataclasses import replace
 
     from meshrl.layout.mesh import Layout
@@ -92,12 +93,13 @@ def test_four_busy_ranks_on_two_cores_take_at_least_the_measured_factor(tmp_path
         tl, tl0 = simulate(shared, plan), simulate(alone, plan)
         check_timeline(shared, tl)
         gen_pp = plan.calls["actor_gen"].layout.pp
+        active = shared.call_estimate("actor_gen", plan.calls["actor_gen"]).active
+        assert active == 1.0 if gen_pp == 1 else 0.8 / gen_pp < active <= 1 / gen_pp
         for e in tl.events:
             if e.kind == "call" and e.devices:
-                factor = shared.hw.slowdown(4 / gen_pp) if e.name == "actor_gen" else 2.1
+                factor = shared.hw.slowdown(4 * active) if e.name == "actor_gen" else 2.1
                 assert e.end - e.start == pytest.approx(e.duration * factor)
         assert tl0.iteration_s * 1.5 < tl.iteration_s <= tl0.iteration_s * 2.1 * (1 + 1e-9)
-    assert shared.hw.slowdown(4 / 2) == 1.05
 
 
 def test_interleaved_halves_slow_each_other_only_while_both_compute(tmp_path):
@@ -128,19 +130,26 @@ def test_validate_predicts_each_call_as_run(tmp_path):
 
 def test_a_pipeline_keeps_busy_only_the_stages_outside_its_bubble(tmp_path):
     """pp 4 with one micro-batch: the stages take turns, one rank computes at a time, so nothing is
-    stretched; with m micro-batches each stage works m of the m + 3 stage steps."""
+    stretched; with m micro-batches each stage works m of the m + 3 stage steps. Generation with
+    one micro-batch keeps about one stage of 4 busy; with 4 in flight (parallel/generate_micro.py)
+    more, less than all (the tokens' trips back)."""
     from dataclasses import replace
 
     from meshrl.layout.mesh import Layout
 
     shared = cpu_problem(tmp_path, SHARED)
     base = colocated(cpu_problem(tmp_path, PROFILE))
+    gen_share = []
     for m in (1, 4):
         calls = {n: replace(cp, layout=Layout(pp=4), micro_batches=m) for n, cp in base.calls.items()}
         plan = replace(base, calls=calls)
         for e in simulate(shared, plan).events:
             if e.kind == "call" and e.devices:
                 est = shared.call_estimate(e.name, plan.calls[e.name])
-                share = 1 / 4 if e.name == "actor_gen" else m / (m + 3)
+                share = est.active if e.name == "actor_gen" else m / (m + 3)
+                if e.name == "actor_gen":
+                    assert 0.8 / 4 < share <= 1 / 4 if m == 1 else 1 / 4 < share < 1
+                    gen_share.append(share)
                 assert est.active == pytest.approx(share)
                 assert e.end - e.start == pytest.approx(e.duration * shared.hw.slowdown(4 * share))
+    assert gen_share[0] < gen_share[-1]

@@ -148,3 +148,20 @@ def test_host_time_is_what_the_runtime_spends_outside_its_steps():
     got = host_gap(recs)
     assert got["calls"] == 2 and got["iterations"] == 3
     assert got["call_host_s"] == pytest.approx(0.4 / 2)  # gaps 0.2, 0.4, 0.4: the median over 2 calls
+
+
+def test_pipelined_decoding_keeps_its_stages_busy():
+    """With pp micro-batches in flight (parallel/generate_micro.py) the stages decode at once: a
+    KV-bound generation on pp2 reads, per round, each device's half of the weights once per
+    micro-batch and its half of the KV cache once, as dp2 does per token (not pp x a stage step
+    of the whole batch, stages in turn); the step overheads of the extra micro-batch and the
+    prefill's bubble keep it a little behind dp2. More micro-batches than pp only add weight reads."""
+    shape = RunShape(prompt_len=128, gen_len=384, batch_size=256)
+    one, dp = est("generate", shape=shape), est("generate", Layout(2, 1, 1), shape=shape)
+    pp, pp4 = est("generate", Layout(1, 1, 2), m=2, shape=shape), est("generate", Layout(1, 1, 2), m=4, shape=shape)
+    assert pp.active > 0.9
+    assert dp.time_s < pp.time_s < 1.2 * dp.time_s and pp.time_s < 0.75 * one.time_s
+    assert pp.weights_bytes < 0.6 * dp.weights_bytes  # what pp buys over dp: half the weights a device
+    assert pp4.time_s > pp.time_s
+    turns = est("generate", Layout(1, 1, 2), m=1, shape=shape)  # the stages take turns
+    assert turns.time_s > 1.3 * pp.time_s and turns.active < 0.51

@@ -122,7 +122,9 @@ def test_a_profile_taken_with_other_threads_or_cores_is_flagged():
 def test_a_measured_pipeline_hop_prices_each_stage_boundary_of_each_pass():
     """Pipelined generation: the prefill and each of the gen_len - 1 decoding steps cross pp - 1
     stage boundaries; with the profile's measured hop each crossing costs it (without one, the
-    token broadcast is priced as p2p messages)."""
+    token broadcast is priced as p2p messages; with pp micro-batches in flight, one p2p message of a
+    micro-batch's tokens per trip: the tiny model's rounds are bound by the trip, so the whole hop
+    shows)."""
     from meshrl.model.presets import get_preset
     from meshrl.layout.mesh import Layout
     from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
@@ -137,6 +139,9 @@ def test_a_measured_pipeline_hop_prices_each_stage_boundary_of_each_pass():
         t1 = estimate_call(spec, shape, Layout(pp=pp), 1, hop).time_s
         bcast = math.ceil(math.log2(pp)) * plain.p2p(2 * 8 * 8)
         assert t1 - t0 == pytest.approx(16 * ((pp - 1) * 0.01 - bcast))
+        t0 = estimate_call(spec, shape, Layout(pp=pp), pp, plain).time_s
+        t1 = estimate_call(spec, shape, Layout(pp=pp), pp, hop).time_s
+        assert t1 - t0 == pytest.approx(16 * ((pp - 1) * 0.01 - plain.p2p(2 * 8 * (8 // pp))))
 
 
 def test_a_measured_per_tensor_optimizer_cost_is_paid_per_tensor_of_the_stage():
