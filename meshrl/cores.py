@@ -10,6 +10,15 @@ The rule (``train.threads``, 0 = auto):
   several processes per node and the variable is unset); else the usable cores split between the
   ranks that share this machine: ``max(1, usable_cores() // local_ranks)``.
 
+Threads that wait sleep (``OMP_WAIT_POLICY=PASSIVE``, unless the user set another policy): with
+the default policy a thread waiting at the end of a parallel region spins, and where other
+processes share the cores its partner is often descheduled, so it spins for its whole time slice.
+Measured on this 2-core machine at a load average of ~22 (forward + backward of the tiny model,
+32 x 32 tokens; docs/runtime.md "Threads per rank"): 1 thread 0.28-0.32 s per step, 2 spinning
+threads 6.5-7.9 s (and 14x the CPU time), 2 sleeping threads 0.40-0.55 s. The variable is read
+when torch loads its OpenMP runtime, so ``meshrl``'s command sets it first thing, and the launcher
+puts it in every rank's environment.
+
 Usable cores are the affinity mask (``os.sched_getaffinity``: containers and ``taskset`` narrow
 it, ``os.cpu_count()`` does not see that) capped by a cgroup CPU quota where one is set (a
 container limited to 2 CPUs on a 64-core host may run on all 64 cores but only for 2 of them).
@@ -51,6 +60,17 @@ def usable_cores() -> int:
     if limit is not None:
         cores = min(cores, max(1, math.ceil(limit)))
     return max(1, cores)
+
+
+WAIT_POLICY = "PASSIVE"
+
+
+def quiet_waits(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Set OMP_WAIT_POLICY=PASSIVE in ``env`` (default: this process's) unless it is set; return
+    {"OMP_WAIT_POLICY": the value} for a child's environment."""
+    target = os.environ if env is None else env
+    target.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+    return {"OMP_WAIT_POLICY": target["OMP_WAIT_POLICY"]}
 
 
 def env_threads(env: dict[str, str] | None = None) -> int | None:

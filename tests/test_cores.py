@@ -4,7 +4,7 @@ threads each rank gets (train.threads, $OMP_NUM_THREADS, or the cores split betw
 import math
 import os
 
-from meshrl.cores import cgroup_cpu_limit, env_threads, rank_threads, usable_cores
+from meshrl.cores import cgroup_cpu_limit, env_threads, quiet_waits, rank_threads, usable_cores
 
 
 def test_cgroup_quota_v2_and_v1(tmp_path):
@@ -40,3 +40,9 @@ def test_rank_threads_rule():
     assert rank_threads(0, 4, {}, cores=2)[0] == 1  # more ranks than cores: at least 1
     assert rank_threads(0, 2, {}, cores=2)[1] == "auto: 2 usable cores / 2 local ranks"
     assert [env_threads({"OMP_NUM_THREADS": v}) for v in ("", "0", "x", " 2 ")] == [None, None, None, 2]
+
+
+def test_waiting_threads_sleep_unless_the_user_chose_a_policy():
+    env: dict[str, str] = {}
+    assert quiet_waits(env) == {"OMP_WAIT_POLICY": "PASSIVE"} and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert quiet_waits({"OMP_WAIT_POLICY": "ACTIVE"}) == {"OMP_WAIT_POLICY": "ACTIVE"}

@@ -134,9 +134,10 @@ class RankPool:
         # made a fresh reallocated copy slower (0.36-0.46 of p2p against 0.74-0.82; docs/realloc.md).
         # Each rank's torch threads: $OMP_NUM_THREADS if set, else the usable cores split between the
         # ranks (meshrl/cores.py); set in the rank's environment before it imports torch.
-        from ..cores import rank_threads
+        from ..cores import quiet_waits, rank_threads
 
-        child_env = {"OMP_NUM_THREADS": str(rank_threads(0, nprocs)[0]), **(env or {})}
+        child_env = {"OMP_NUM_THREADS": str(rank_threads(0, nprocs)[0]), **quiet_waits(dict(os.environ)),
+                     **(env or {})}
         self._procs = [
             ctx.Process(target=_worker, daemon=True, name=f"meshrl-rank{r}",
                         args=(r, nprocs, init_file, self.backend, timeout, self._tasks[r], self._results,
