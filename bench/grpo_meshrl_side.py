@@ -1,6 +1,7 @@
 """One side of bench/grpo_vs_trl.py: GRPO iterations with meshrl; prints one JSON object
-{"seconds": [per-iteration wall seconds], "calls": {call: median seconds}}, from the metrics of a
-``meshrl train`` run (the rank runs in a child process, whose CPU time is not measured here).
+{"seconds": [per-iteration wall seconds], "cpu": [per-iteration CPU seconds], "calls": {call: median
+seconds}}, from the metrics of a ``meshrl train`` run in this process (one rank runs in the
+process that calls it; ``time/iteration_cpu`` is that process's CPU time).
 
     python bench/grpo_meshrl_side.py CKPT_DIR PROMPTS.jsonl ITERATIONS THREADS COMPILE(0|1)
 """
@@ -38,6 +39,7 @@ def main() -> None:
         metrics = _run(ckpt, data, iters, threads, compile_, f"{d}/run")
     calls = sorted(k for k in metrics[0] if k.startswith("time/call/"))
     print(json.dumps({"seconds": [m["time/iteration"] for m in metrics],
+                      "cpu": [m["time/iteration_cpu"] for m in metrics],
                       "calls": {k[10:]: statistics.median(m[k] for m in metrics[2:] or metrics) for k in calls}}))
 
 

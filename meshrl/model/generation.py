@@ -130,14 +130,41 @@ def pick_token(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.Tens
     return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
 
 
+# Compiled decode steps are specialised to their shapes (dynamic=False): a graph with symbolic batch
+# and cache sizes ran its steps ~2x slower on this CPU (b 8: 5.0 vs 2.4 ms; b 32: 10.8 vs 7.8 ms,
+# llama-3m, docs/model.md). Shapes are kept to few values instead: the cache length is rounded up to
+# a multiple of CACHE_BUCKET (unwritten slots are masked), compaction shrinks the batch to a power
+# of two, so a run compiles a handful of graphs and then reuses them.
+CACHE_BUCKET = 32
+RECOMPILE_LIMIT = 64  # graphs per compiled function: (batch buckets) x (cache buckets) x models
+
+
 def compiled(name: str, fn: Callable, owner: torch.nn.Module) -> Callable:
-    """``torch.compile(fn)`` for one model (``owner``), made once and kept on it: each model has its
-    own graphs and its own recompile budget (static shapes first; a second batch size or cache
-    length makes those dimensions dynamic)."""
+    """``torch.compile(fn, dynamic=False)`` for one model (``owner``), made once and kept on it."""
     cache = owner.__dict__.setdefault("_meshrl_compiled", {})
     if name not in cache:
-        cache[name] = torch.compile(fn)
+        import torch._dynamo
+        cfg = torch._dynamo.config
+        cfg.cache_size_limit = max(cfg.cache_size_limit, RECOMPILE_LIMIT)
+        cache[name] = torch.compile(fn, dynamic=False)
     return cache[name]
+
+
+def cache_length(needed: int, static: bool) -> int:
+    """KV-cache slots for prompts + new tokens: exact when eager, bucketed for a compiled step."""
+    return -(-needed // CACHE_BUCKET) * CACHE_BUCKET if static else needed
+
+
+def compaction_keep(alive: torch.Tensor, static: bool) -> torch.Tensor:
+    """alive [b] bool -> rows to keep [b'] long: the live rows, and for a compiled step as many
+    finished rows as round b' up to a power of two (the graph then sees few batch sizes)."""
+    live = alive.nonzero().squeeze(1)
+    if not static:
+        return live
+    want = 1 << max(int(live.numel()) - 1, 0).bit_length()
+    if want >= alive.numel():
+        return torch.arange(alive.numel(), device=alive.device)
+    return torch.cat([live, (~alive).nonzero().squeeze(1)[:want - live.numel()]])
 
 
 def seed_keys(seeds: list[int] | None, n: int, device: torch.device) -> torch.Tensor:
@@ -172,8 +199,11 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
     Host syncs: one every ``cfg.sync_every`` steps (all ended? compact?) and one at the end."""
     b, p = ids.shape
     n, dev = cfg.max_new_tokens, ids.device
-    # The mask for the whole run, fixed: generated slots are real tokens; causality hides the future.
+    # The mask for the whole run, fixed: generated slots are real tokens; causality hides the future;
+    # the slots a bucketed cache has beyond p + n are never written and stay masked.
     mask = torch.cat([prompt_mask, torch.ones(b, n, dtype=torch.long, device=dev)], 1)
+    if static:
+        mask = torch.nn.functional.pad(mask, (0, cache_length(p + n, True) - (p + n)))
     out_tok = torch.full((b, n), cfg.pad_token_id, dtype=torch.long, device=dev)
     out_lp = torch.zeros(b, n, dtype=torch.float32, device=dev)
     out_alive = torch.zeros(b, n, dtype=torch.long, device=dev)
@@ -197,7 +227,7 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
             if live == 0:
                 break
             if live <= cfg.compact_below * len(rows):
-                keep = alive.nonzero().squeeze(1)
+                keep = compaction_keep(alive, static)
                 compact(keep)
                 rows, alive, tok, mask = rows[keep], alive[keep], tok[keep], mask[keep]
         logits = decode(tok, mask, slot + step) if static else decode(tok, mask[:, :p + step + 1], p + step)
@@ -215,7 +245,7 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     device = model.lm_head.weight.device
     keys = None if cfg.greedy else seed_keys(seeds, len(prompts), device)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, device)
-    caches = make_caches(model, len(prompts), ids.shape[1] + cfg.max_new_tokens)
+    caches = make_caches(model, len(prompts), cache_length(ids.shape[1] + cfg.max_new_tokens, cfg.use_compile))
     step_fn = compiled("decode_one", decode_one, model) if cfg.use_compile else decode_one
     pick_fn = compiled("pick_token", pick_token, model) if cfg.use_compile else pick_token
 

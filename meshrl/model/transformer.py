@@ -13,6 +13,8 @@ does), so a left-padded prompt gets the same positions as the unpadded one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,6 +48,36 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """x [B, H, S, D]; cos/sin [B, S, D]."""
     cos, sin = cos[:, None], sin[:, None]
     return x * cos + _rotate_half(x) * sin
+
+
+@dataclass
+class Unpad:
+    """Padding-free execution of a padded batch [B, S]: ``idx`` [N] holds the flat positions of its
+    N real tokens. The projections, MLPs and norms run on the packed [1, N, ...] tokens only, so
+    pad tokens cost no matmul; attention alone goes back to the padded [B, S] layout, where each
+    row's keys, mask and cache slots are where they always were (no block-diagonal mask, no varlen
+    kernel: CPUs and gloo have none). Every real token gets the same numbers as padded execution,
+    up to the matmul's blocking over a different number of rows."""
+
+    idx: torch.Tensor
+    b: int
+    s: int
+
+    @staticmethod
+    def of(tokens: torch.Tensor) -> Unpad | None:
+        """tokens [B, S] (1 = real) -> an Unpad, or None when there is no pad token (one host sync)."""
+        if tokens.shape[1] < 2 or bool(tokens.all()):
+            return None
+        return Unpad(tokens.flatten().nonzero().squeeze(1), tokens.shape[0], tokens.shape[1])
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """[B, S, *] -> [1, N, *]"""
+        return t.flatten(0, 1).index_select(0, self.idx)[None]
+
+    def unpack(self, t: torch.Tensor) -> torch.Tensor:
+        """[1, N, *] -> [B, S, *], zeros at the pads."""
+        flat = t.new_zeros(self.b * self.s, *t.shape[2:]).index_copy(0, self.idx, t[0])
+        return flat.view(self.b, self.s, *t.shape[2:])
 
 
 class KVCache:
@@ -89,16 +121,20 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache | None = None, start: int = 0) -> torch.Tensor:
-        """x [B, S, hidden]; mask [B, 1, S, T] boolean (True = attend), T = start + S; or None for
-        plain causal attention over S = T keys (then SDPA takes its is_causal path)."""
-        b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, -1, self.head_dim)  # [B, S, Hq, D]
-        k = self.k_proj(x).view(b, s, -1, self.head_dim)  # [B, S, Hkv, D]
+                cache: KVCache | None = None, start: int = 0, unpad: Unpad | None = None) -> torch.Tensor:
+        """x [B, S, hidden], or its real tokens [1, N, hidden] with ``unpad`` (then so is the
+        output); mask [B, 1, S, T] boolean (True = attend), T = start + S; or None for plain causal
+        attention over S = T keys (then SDPA takes its is_causal path)."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if unpad is not None:  # projections on real tokens only; attention in the padded layout
+            q, k, v = unpad.unpack(q), unpad.unpack(k), unpad.unpack(v)
+        b, s, _ = q.shape
+        q = q.view(b, s, -1, self.head_dim)  # [B, S, Hq, D]
+        k = k.view(b, s, -1, self.head_dim)  # [B, S, Hkv, D]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
-        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(start, k, v)
@@ -107,7 +143,8 @@ class Attention(nn.Module):
         # ~18% of self-CPU time in a profile of decode steps of the `small` preset).
         gqa = q.shape[1] != k.shape[1]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        out = out.transpose(1, 2).reshape(b, s, -1)
+        return self.o_proj(out if unpad is None else unpad.pack(out))
 
 
 class MLP(nn.Module):
@@ -141,11 +178,17 @@ class DecoderLayer(nn.Module):
         return getattr(self, self.ffn_name)
 
     def forward(self, x, cos, sin, mask, cache: KVCache | None = None, start: int = 0,
-                token_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """token_mask [B, S] (1 = real token): only a MoE block's balance loss reads it."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, start)
+                token_mask: torch.Tensor | None = None, unpad: Unpad | None = None) -> torch.Tensor:
+        """x [B, S, hidden] (or [1, N, hidden] with ``unpad``, see Unpad). token_mask [B, S]
+        (1 = real token, padded layout): only a MoE block's balance loss reads it."""
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, start, unpad)
         h = self.post_attention_layernorm(x)
-        return x + (self.ffn(h, token_mask) if self.moe else self.ffn(h))
+        if not self.moe:
+            return x + self.ffn(h)
+        if unpad is None:
+            return x + self.ffn(h, token_mask)
+        # The balance loss is per row: the MoE block sees the padded [B, S] layout.
+        return x + unpad.pack(self.ffn(unpad.unpack(h), token_mask))
 
 
 def build_mask(key_mask: torch.Tensor, q_len: int, sliding_window: int | None = None,
@@ -204,6 +247,7 @@ class Backbone(nn.Module):
         sit at slots start..start+S. Returns hidden [B, S, hidden]."""
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
         b, s = h.shape[:2]
+        unpad = None
         if isinstance(start, torch.Tensor):  # the static-cache decode step: gather at tensor slots
             slots = (start + torch.arange(s, device=h.device))[None].expand(b, s)
             pos = positions_from_mask(attention_mask).gather(1, slots)
@@ -221,10 +265,15 @@ class Backbone(nn.Module):
             # CPU, docs/model.md). Right padding changes no real token's output there: a real query
             # sees only earlier keys, all real, at the same positions; pad rows are ignored downstream.
             mask = None if plain_causal else build_mask(attention_mask, s, self.cfg.sliding_window)
+            # Pad tokens skip every matmul but attention's (see Unpad; docs/model.md measures it).
+            unpad = Unpad.of(tokens)
+            if unpad is not None:
+                h = unpad.pack(h)
         cos, sin = rope_cos_sin(pos, self.cfg, h.dtype)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, mask, None if caches is None else caches[i], start, tokens)
-        return self.norm(h) if self.norm is not None else h
+            h = layer(h, cos, sin, mask, None if caches is None else caches[i], start, tokens, unpad)
+        h = self.norm(h) if self.norm is not None else h
+        return h if unpad is None else unpad.unpack(h)
 
 
 class CausalLM(nn.Module):

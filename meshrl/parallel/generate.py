@@ -14,7 +14,7 @@ import torch
 
 from ..errors import UserError
 from ..model.generation import (GenerationConfig, GenerationOutput, compact_caches, compiled, decode_loop,
-                                left_pad, make_caches, pick_token, seed_keys)
+                                cache_length, left_pad, make_caches, pick_token, seed_keys)
 from .groups import Axis
 from .pipeline import Pipe
 from .stage import Stage
@@ -52,7 +52,8 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     dev = stage.device
     keys = None if cfg.greedy else seed_keys(seeds, len(prompts), dev)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, dev)
-    caches = make_caches(stage, len(prompts), ids.shape[1] + cfg.max_new_tokens)
+    static = cfg.use_compile and tp.size == 1
+    caches = make_caches(stage, len(prompts), cache_length(ids.shape[1] + cfg.max_new_tokens, static))
 
     def pick(logits: torch.Tensor | None, rows: torch.Tensor, step: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +68,7 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
 
     # The stage's layers are compiled where they hold no collective (tp = 1); sends, receives and
     # tensor-parallel all-reduces stay eager.
-    fwd = compiled("stage_forward", _stage_forward, stage) if cfg.use_compile and tp.size == 1 else _stage_forward
+    fwd = compiled("stage_forward", _stage_forward, stage) if static else _stage_forward
     out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0),
                       lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd),
                       pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg,

@@ -173,6 +173,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
         for r in kept:
             writer.write(r)
     last = [time.time()]
+    last_cpu = [time.process_time()]  # this rank's process (the whole job when it runs one rank)
     noted: list[int] = []  # the no-signal note is given once
 
     pending: dict[str, float] = {}  # rank 0: a re-plan's figures, for the next record
@@ -198,6 +199,9 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
     def report(t: int, logs: list[RankLog]) -> None:
         now = time.time()
         rec = record_of(t, logs, now - last[0])
+        cpu = time.process_time()
+        rec["time/iteration_cpu"] = cpu - last_cpu[0]  # rank 0's CPU seconds (steadier on a shared machine)
+        last_cpu[0] = cpu
         rec.update(pending)
         pending.clear()
         last[0] = now
@@ -225,7 +229,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
         log = bar.write
     log(f"{cfg.algo}: calls {' -> '.join(engine.graph.names)}")
     comm.barrier(comm.control(None))  # iteration timing starts when every rank has built its models
-    last[0] = time.time()
+    last[0], last_cpu[0] = time.time(), time.process_time()
     while True:
         try:
             engine.run(start, cfg.train.iterations, on_end, ahead=ahead)
@@ -247,7 +251,7 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
             from .job import plan_table
 
             log(plan_table(plan, cfg.train.off_policy))
-        last[0] = time.time()
+        last[0], last_cpu[0] = time.time(), time.process_time()
     if bar is not None:
         bar.close()
     if writer is not None:
