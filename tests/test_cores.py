@@ -46,3 +46,22 @@ def test_waiting_threads_sleep_unless_the_user_chose_a_policy():
     env: dict[str, str] = {}
     assert quiet_waits(env) == {"OMP_WAIT_POLICY": "PASSIVE"} and env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert quiet_waits({"OMP_WAIT_POLICY": "ACTIVE"}) == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_generate_takes_its_threads_as_train_does(capsys, monkeypatch):
+    """`meshrl generate --threads 0` is auto as train.threads: $OMP_NUM_THREADS (tests/conftest.py: 1)
+    first. It used to take every usable core and, in a pytest process, left torch on 2 threads for
+    every later test: test_generation.py's compaction test then took 25 s instead of 1.2 s."""
+    import torch
+
+    from meshrl.cli import main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert main(["generate", "--model", "tiny", "--prompt", "3+4=", "--max-new-tokens", "2", "--greedy"]) == 0
+    assert torch.get_num_threads() == 1
+    try:
+        assert main(["generate", "--model", "tiny", "--prompt", "3+4=", "--max-new-tokens", "2", "--greedy",
+                     "--threads", "2"]) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)  # as the rest of the suite expects
