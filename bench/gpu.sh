@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU figure of issue 13 in one run (budget: <= 8 minutes on one H200):
+# Every GPU figure of issue 13 in one run (budget: <= 10 minutes on one H200; each step has its own timeout):
 #   1. the CUDA tests (tests/gpu) and the strict-communication unit tests, on the GPU;
 #   2. a bf16 training step of a ~1B preset (qwen2.5-1.5b) on one GPU: tokens/s and MFU against the
 #      H200's datasheet bf16 peak, and its peak memory predicted (planner) against measured
@@ -33,6 +33,8 @@ if [ "$DRY" = 1 ]; then
   step "bf16 training step + generation vs transformers (tiny preset, CPU)"
   python bench/gpu_step.py --preset tiny --device cpu --dtype bfloat16 --batch 4 --seq 64 --steps 2 \
     --gen-batch 2 --prompt-len 8 --new-tokens 8 --repeats 1 | tee "$OUT/step.json"
+  python bench/gpu_step.py --preset tiny --device cpu --dtype float32 --batch 2 --seq 16 --steps 1 \
+    --gen-batch 2 --prompt-len 8 --new-tokens 8 --repeats 1 --gen-compile | tee "$OUT/step_compiled.json"
   step "profile --gpu (expected to refuse on a CPU-only machine)"
   if meshrl profile --gpu h200 --out "$OUT/profile-h200.json"; then :; else echo "(no GPU: refused, as expected)"; fi
   step "done in $(( $(date +%s) - t0 )) s"
@@ -47,6 +49,10 @@ timeout 240 python -m pytest -q -x tests/gpu tests/parallel/test_precision.py te
 step "bf16 training step of qwen2.5-1.5b (MFU, memory) + generation vs transformers.generate"
 timeout 180 python bench/gpu_step.py --preset qwen2.5-1.5b --device cuda --dtype bfloat16 --batch 8 --seq 1024 \
   --steps 5 --gen-batch 16 --prompt-len 128 --new-tokens 128 --repeats 3 | tee "$OUT/step.json"
+step "generation with gen.compile (CUDA graphs) vs transformers.generate"
+timeout 120 python bench/gpu_step.py --preset qwen2.5-1.5b --device cuda --dtype bfloat16 --steps 1 --batch 1 \
+  --seq 128 --gen-batch 16 --prompt-len 128 --new-tokens 128 --repeats 3 --gen-compile | tee "$OUT/step_compiled.json" \
+  || echo "(gen.compile row failed or timed out: see above)"
 step "meshrl profile --gpu h200, then the planner with it"
 timeout 60 meshrl profile --gpu h200 --out "$OUT/profile-h200.json"
 meshrl plan cluster.device=h200 cluster.devices_per_node=8 models.actor.preset=llama2-7b \

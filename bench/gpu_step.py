@@ -99,7 +99,8 @@ def generation(args, dev: torch.device, dtype: torch.dtype) -> dict:
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, ours.config.vocab_size, (args.prompt_len,), generator=g).tolist()
                for _ in range(args.gen_batch)]
-    gcfg = GenerationConfig(max_new_tokens=args.new_tokens, greedy=True, eos_token_id=None)
+    gcfg = GenerationConfig(max_new_tokens=args.new_tokens, greedy=True, eos_token_id=None,
+                            compile=args.gen_compile)
     ids = torch.tensor(prompts, device=dev)
     t_ours, t_theirs = [], []
     for _ in range(args.repeats + 1):  # the first pair is a warm-up
@@ -116,7 +117,8 @@ def generation(args, dev: torch.device, dtype: torch.dtype) -> dict:
         t_theirs.append(time.perf_counter() - t1)
     n = args.gen_batch * args.new_tokens
     a, b = statistics.median(t_ours[1:]), statistics.median(t_theirs[1:])
-    return {"meshrl_tokens_per_s": n / a, "transformers_tokens_per_s": n / b, "ratio": b / a}
+    return {"meshrl_tokens_per_s": n / a, "transformers_tokens_per_s": n / b, "ratio": b / a,
+            "gen_compile": args.gen_compile}
 
 
 def main() -> int:
@@ -135,6 +137,8 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-generation", action="store_true")
+    ap.add_argument("--gen-compile", action="store_true",
+                    help="meshrl's decode step through torch.compile (CUDA graphs on a GPU); the warm-up compiles")
     args = ap.parse_args()
     dev, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if dev.type == "cuda":

@@ -2,9 +2,11 @@
 
     python bench/padding.py [--preset small] [--layers 4] [--batch 16] [--repeats 3] [--backward] [--threads 1]
 
-meshrl batches variable-length sequences by *padding with masks* (transformer.py). This measures,
+meshrl batches variable-length sequences by *padding with masks* (transformer.py), and runs the
+projections and MLPs of a padded batch on its real tokens only (transformer.Unpad). This measures,
 in one run on the same model, the forward (optionally + backward) CPU time of
-  padded    one [B, L_max] batch, as the algorithms send it;
+  masked    one [B, L_max] batch with every pad token computed (Unpad switched off: as before);
+  padded    the same batch as the model runs it now (pad tokens skip every matmul but attention's);
   sorted    the same sequences sorted by length and cut into --buckets micro-batches, each padded
             only to its own maximum (what a runtime can do for free: micro-batching is the plan's);
   alone     each sequence by itself, unpadded: exactly the real-token work, which is what packing
@@ -44,8 +46,21 @@ def _batch(lengths: list[int], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids * mask, mask
 
 
-def _run(model, batches: list[tuple[torch.Tensor, torch.Tensor | None]], backward: bool) -> float:
+def _run(model, batches: list[tuple[torch.Tensor, torch.Tensor | None]], backward: bool,
+         unpad: bool = True) -> float:
     """CPU seconds of this process: with one thread, a steady measure of work on a shared machine."""
+    from meshrl.model import transformer
+
+    of = transformer.Unpad.of
+    if not unpad:
+        transformer.Unpad.of = staticmethod(lambda tokens: None)
+    try:
+        return _timed(model, batches, backward)
+    finally:
+        transformer.Unpad.of = of
+
+
+def _timed(model, batches: list[tuple[torch.Tensor, torch.Tensor | None]], backward: bool) -> float:
     t0 = time.process_time()
     for ids, mask in batches:
         if backward:
@@ -89,13 +104,13 @@ def main() -> None:
         w = max(lengths[r] for r in rows)
         sorted_batches.append((ids[rows, :w], mask[rows, :w]))
     alone = [(ids[i:i + 1, :n], None) for i, n in enumerate(lengths)]
-    plans = {"padded": [(ids, mask)], "sorted": sorted_batches, "alone": alone}
+    plans = {"masked": [(ids, mask)], "padded": [(ids, mask)], "sorted": sorted_batches, "alone": alone}
 
     _run(model, plans["padded"], args.backward)  # warm-up
     times: dict[str, list[float]] = {k: [] for k in plans}
     for _ in range(args.repeats):
-        for name, batches in plans.items():  # interleaved: noise hits all three alike
-            times[name].append(_run(model, batches, args.backward))
+        for name, batches in plans.items():  # interleaved: noise hits all alike
+            times[name].append(_run(model, batches, args.backward, unpad=name != "masked"))
     med = {k: statistics.median(v) for k, v in times.items()}
     real = sum(lengths)
     print(f"model: {args.preset} with {cfg.num_hidden_layers} layers ({num_params(cfg) / 1e6:.1f}M params); "
