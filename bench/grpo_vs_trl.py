@@ -1,6 +1,6 @@
 """A GRPO iteration, meshrl against TRL's GRPOTrainer, side by side in one run.
 
-    python bench/grpo_vs_trl.py [--steps 8] [--rounds 2] [--threads 1] [--compile] [--trl-venv DIR]
+    python bench/grpo_vs_trl.py [--steps 8] [--rounds 2] [--threads 0] [--compile] [--trl-venv DIR]
 
 Issue 14's setting: a 3.2M-parameter LLaMA (bench_models.LLAMA_3M, random weights, one checkpoint
 directory read by both), 8 addition prompts x 4 samples, at most 32 new tokens, one optimizer step
@@ -78,10 +78,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8, help="iterations per process (the first 2 are dropped)")
     ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternating")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads on both sides (0: meshrl's default, the usable cores; meshrl/cores.py)")
     ap.add_argument("--compile", action="store_true", help="meshrl with gen.compile=true")
     ap.add_argument("--trl-venv", default=str(Path.home() / ".cache" / "meshrl" / "trl-venv"))
     args = ap.parse_args()
+    from meshrl.cores import usable_cores
+
+    args.threads = args.threads or usable_cores()  # what train.threads=0 gives a one-rank run
     py_trl = trl_python(Path(args.trl_venv))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": str(args.threads)}

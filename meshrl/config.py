@@ -62,8 +62,8 @@ class ClusterConfig:
 class TrainConfig:
     iterations: int = 20
     seed: int = 1
-    threads: int = 1  # torch CPU threads; the tiny demo model gains nothing from more, and extra
-    # threads collapse when other processes share the cores
+    threads: int = 0  # torch CPU threads per rank; 0 = auto: $OMP_NUM_THREADS if set, else the usable
+    # cores split between the ranks on this machine (meshrl/cores.py; printed at the start of a run)
     off_policy: int = 0  # 1: generation of iteration t+1 runs while iteration t trains, from weights one
     # update old (one step off-policy; a disaggregated plan then overlaps generation and training)
     save_every: int = 10  # write a checkpoint (OUT/ckpt-*, for --resume) every N iterations and after

@@ -16,7 +16,7 @@ from .errors import UserError
 
 # key -> (lowest allowed, whether that bound itself is allowed, highest allowed or None)
 RANGES: dict[str, tuple[float, bool, float | None]] = {
-    "train.iterations": (1, True, None), "train.threads": (1, True, None), "train.save_every": (1, True, None),
+    "train.iterations": (1, True, None), "train.threads": (0, True, None), "train.save_every": (1, True, None),
     "train.timeout": (0, False, None),
     "train.seed": (0, True, None), "train.off_policy": (0, True, 1), "train.grad_bucket_mb": (0, False, None),
     "optim.lr": (0, False, None), "optim.critic_lr": (0, False, None), "optim.weight_decay": (0, True, None),

@@ -46,7 +46,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--chat", action="store_true", help="apply the checkpoint's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object (completions, tokens/s, seconds)")
     p.add_argument("--compile", action="store_true", help="run the decode step through torch.compile")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the usable cores)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (0 = auto as train.threads: $OMP_NUM_THREADS if set, else usable cores)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="parameter dtype")
 
@@ -119,18 +120,18 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..model import GenerationConfig
-    from ..plan.hardware import usable_cores
+    from ..cores import rank_threads
 
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size)):
         if value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
     if args.threads < 0:
-        raise UserError(f"--threads must be >= 0 (0 = the usable cores), got {args.threads}")
+        raise UserError(f"--threads must be >= 0 (0 = auto), got {args.threads}")
     if args.chat and not Path(args.model).is_dir():
         raise UserError("--chat needs a checkpoint directory with a chat template, not a preset")
     items = read_prompts(args.prompts, args.chat) if args.prompts is not None else (
         [[{"role": "user", "content": args.prompt}]] if args.chat else [args.prompt])
-    torch.set_num_threads(args.threads or usable_cores())
+    torch.set_num_threads(rank_threads(args.threads, 1)[0])  # one process: every usable core by default
     model, tok = _load(args.model, getattr(torch, args.dtype))
     prompts = encode_all(tok, args.model, items, args.chat)
     for i, (item, ids) in enumerate(zip(items, prompts, strict=True)):

@@ -52,8 +52,12 @@ def run(args: argparse.Namespace) -> int:
         for n, fit in fits.items():
             print(f"{kind} x{n}: latency {fit['latency_s'] * 1e6:.0f} us, {1 / fit['sec_per_byte'] / 1e9:.2f} GB/s")
     curve = ", ".join(f"{k}: {f:.2f}x" for k, f in data["contention"]["slowdown"].items())
-    print(f"{data['cores']} usable cores, {data['threads_per_rank']} thread(s) per rank; "
+    print(f"{data['cores']} usable cores, ranks of {data['threads_per_rank']} thread; "
           f"slowdown with k ranks busy at once: {curve}")
+    for h, curve in data["thread_scaling"]["speedup"].items():
+        sp = "; ".join(f"{t} threads: " + ", ".join(f"{k} {v:.2f}x" for k, v in kinds.items())
+                       for t, kinds in curve.items())
+        print(f"speedup over 1 thread per rank, h={h}: {sp}")
     print(f"pipeline hop (per stage boundary of a decoding step): {data['pipeline']['hop_s'] * 1e3:.2f} ms")
     opt = data["optimizer"]
     print(f"optimizer step (tiny model, {opt['tensors']} tensors): {opt['step_s'] * 1e3:.1f} ms, "

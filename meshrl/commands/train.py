@@ -164,7 +164,7 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
     ``--nprocs N`` local ranks, or the ranks of a torchrun job; all write the same OUT/ and resume."""
     import os
 
-    from ..runtime.job import launch, under_torchrun
+    from ..runtime.job import launch, local_ranks, threads_per_rank, under_torchrun
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.nprocs or 1)
     rank0 = _rank0()
@@ -172,6 +172,8 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
         demo = " (built-in demo: single-digit addition, tiny model)" if is_demo else ""
         print(f"meshrl train: algo={cfg.algo}{demo} on {world} rank{'s' if world > 1 else ''}")
         print(sizes_line(cfg))
+        threads, why = threads_per_rank(cfg, local_ranks(world))
+        print(f"threads: {threads} per rank ({why})")
     try:
         records = launch(cfg, args.plan or "colocated", world, out, resume=args.resume,
                          progress=not args.no_progress)

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..cores import rank_threads, usable_cores
 from ..errors import UserError
 
 GB = 1e9
@@ -134,6 +135,8 @@ class Hardware:
     # reward rules, statistics): measured by running the one-rank runtime (runtime/profile_host.py);
     # 0 for the GPU presets until `meshrl profile --gpu` measures the host they run on.
     call_host_s: float = 0.0
+    # torch threads per rank the CPU figures stand for (plan/thread_scaling.py scaled them to it)
+    threads: int = 1
 
     def slowdown(self, busy: float) -> float:
         """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs);
@@ -265,10 +268,14 @@ def profile_path(override: str | None = None) -> Path:
     return Path(override or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE).expanduser()
 
 
-def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> Hardware:
-    """A Hardware whose every number is a measurement from ``meshrl profile``.
+def from_profile(data: dict, devices_per_node: int, source: str = "profile", threads: int = 1) -> Hardware:
+    """A Hardware whose every number is a measurement from ``meshrl profile``, for ranks of
+    ``threads`` torch threads (the one-thread figures scaled by the measured speedup:
+    plan/thread_scaling.py).
 
     Ranks on one machine share its memory, so each gets RAM / devices_per_node."""
+    from .thread_scaling import for_threads
+
     try:
         matmul = tuple(sorted((int(h), float(f)) for h, f in data["matmul"].items()))
         measured = {kind: {int(n): LinkFit(float(v["latency_s"]), float(v["sec_per_byte"]))
@@ -284,15 +291,16 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile") -> 
         p2p = measured.get("p2p", {}).get(2)
         bw = 1.0 / p2p.sec_per_byte if p2p else float(data["mem_bw"])
         lat = p2p.latency if p2p else 0.0
-        return Hardware(name="cpu", peak_flops=max(f for _, f in matmul), mfu=1.0, hbm_bw=float(data["mem_bw"]),
-                        mem_bytes=float(data["mem_bytes"]) / devices_per_node, intra_bw=bw, intra_lat=lat,
-                        inter_bw=bw, inter_lat=lat, devices_per_node=devices_per_node, base_lat=0.0,
-                        dtype_bytes=int(data.get("dtype_bytes", 4)),
-                        sources={"all": f"measured by meshrl profile ({source})"}, matmul=matmul,
-                        measured=measured, layers=layers, cores=int(data.get("cores", 0)) if contention else 0,
-                        contention=contention, pipeline_hop=float(data.get("pipeline", {}).get("hop_s", 0.0)),
-                        optimizer_tensor_s=float(data.get("optimizer", {}).get("sec_per_tensor", 0.0)),
-                        call_host_s=float(data.get("host_gap", {}).get("call_host_s", 0.0)))
+        hw = Hardware(name="cpu", peak_flops=max(f for _, f in matmul), mfu=1.0, hbm_bw=float(data["mem_bw"]),
+                    mem_bytes=float(data["mem_bytes"]) / devices_per_node, intra_bw=bw, intra_lat=lat,
+                    inter_bw=bw, inter_lat=lat, devices_per_node=devices_per_node, base_lat=0.0,
+                    dtype_bytes=int(data.get("dtype_bytes", 4)),
+                    sources={"all": f"measured by meshrl profile ({source})"}, matmul=matmul,
+                    measured=measured, layers=layers, cores=int(data.get("cores", 0)) if contention else 0,
+                    contention=contention, pipeline_hop=float(data.get("pipeline", {}).get("hop_s", 0.0)),
+                    optimizer_tensor_s=float(data.get("optimizer", {}).get("sec_per_tensor", 0.0)),
+                    call_host_s=float(data.get("host_gap", {}).get("call_host_s", 0.0)))
+        return for_threads(hw, data.get("thread_scaling"), threads)
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"profile {source} is malformed ({e!r}); run `meshrl profile` again") from None
 
@@ -328,7 +336,10 @@ def gpu_from_profile(hw: Hardware, data: dict, source: str = "profile") -> Hardw
         raise UserError(f"GPU profile {source} is malformed ({e!r}); run `meshrl profile --gpu` again") from None
 
 
-def load_profile(path: str | Path | None = None, devices_per_node: int = 1) -> Hardware:
+def load_profile(path: str | Path | None = None, devices_per_node: int = 1, threads: int | None = None
+                 ) -> Hardware:
+    """The CPU profile as a Hardware for ranks of ``threads`` torch threads (None: what
+    ``train.threads=0`` gives each of ``devices_per_node`` ranks here: meshrl/cores.py)."""
     p = profile_path(str(path) if path else None)
     if not p.is_file():
         raise UserError(f"cluster.device=cpu needs a measured profile, and {p} does not exist; "
@@ -337,38 +348,36 @@ def load_profile(path: str | Path | None = None, devices_per_node: int = 1) -> H
         data = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"profile {p} is not valid JSON ({e}); run `meshrl profile` again") from None
-    for line in profile_mismatches(data, dict(os.environ), usable_cores()):
+    if threads is None:
+        threads = rank_threads(0, devices_per_node)[0]
+    for line in profile_mismatches(data, threads, usable_cores()):
         print(f"meshrl: warning: profile {p}: {line}", file=sys.stderr)
-    return from_profile(data, devices_per_node, str(p))
+    return from_profile(data, devices_per_node, str(p), threads)
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask), which containers and taskset narrow."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def profile_mismatches(data: dict, env: dict[str, str], cores: int) -> list[str]:
-    """Why a profile's times would not hold for ranks started here: another thread count per rank
-    (the launcher gives each rank $OMP_NUM_THREADS threads, default 1) or another number of usable
-    cores (the shared-cores curve was measured on the profile's)."""
+def profile_mismatches(data: dict, threads: int, cores: int) -> list[str]:
+    """Why a profile's times would not hold for ranks of ``threads`` torch threads started here: a
+    profile without the thread speedup measured (from before it was), taken with another thread
+    count per rank, or on another number of usable cores (the shared-cores curve and the speedups
+    were measured on the profile's)."""
     out = []
-    threads = int(env.get("OMP_NUM_THREADS", "1") or 1)
-    if "threads_per_rank" in data and int(data["threads_per_rank"]) != threads:
-        out.append(f"measured with {data['threads_per_rank']} thread(s) per rank, but ranks started here get "
-                   f"OMP_NUM_THREADS={threads}; run `meshrl profile` again with the same OMP_NUM_THREADS")
+    scaled = bool((data.get("thread_scaling") or {}).get("speedup"))
+    if not scaled and int(data.get("threads_per_rank", 1)) != threads:
+        out.append(f"measured with {data.get('threads_per_rank', 1)} thread(s) per rank and no speedup of more "
+                   f"threads, but ranks started here get {threads} (train.threads, $OMP_NUM_THREADS or the "
+                   "usable cores split between the ranks); run `meshrl profile` again")
     if int(data.get("cores", 0) or 0) not in (0, cores):
         out.append(f"measured on {data['cores']} usable cores, but this process may use {cores}; "
                    "run `meshrl profile` again here")
     return out
 
 
-def get_hardware(device: str, devices_per_node: int, profile: str | None = None) -> Hardware:
-    """The Hardware for ``cluster.device``; an unknown device names the known ones."""
+def get_hardware(device: str, devices_per_node: int, profile: str | None = None, threads: int | None = None
+                 ) -> Hardware:
+    """The Hardware for ``cluster.device``; an unknown device names the known ones. ``threads``:
+    torch threads per rank on a CPU (None: the default for ``devices_per_node`` ranks)."""
     if device == "cpu":
-        return load_profile(profile, devices_per_node)
+        return load_profile(profile, devices_per_node, threads)
     if device not in PRESETS:
         raise UserError(f"unknown device {device!r}; known devices: {', '.join(PRESETS)}, cpu (measured)")
     hw = PRESETS[device]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..algo.graph import Graph
+from ..cores import rank_threads
 from ..errors import UserError
 from ..model.config import ModelConfig
 from ..layout.mesh import Layout, LayoutError, Mesh, Placement
@@ -219,7 +220,9 @@ def problem_from_config(cfg, profile: str | None = None, off_policy: int | None 
     graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}
     cluster = Cluster(cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device)
-    hw = get_hardware(cfg.cluster.device, cfg.cluster.devices_per_node, profile)
+    threads = getattr(getattr(cfg, "train", None), "threads", 0)  # per rank: as the runtime sets it
+    hw = get_hardware(cfg.cluster.device, cfg.cluster.devices_per_node, profile,
+                      rank_threads(threads, cfg.cluster.devices_per_node)[0])
     dtype = getattr(getattr(cfg, "train", None), "dtype", "auto")
     if dtype in DTYPE_BYTES:  # train.dtype set: weights, gradients and activations in it (auto: the device's)
         hw = dataclasses.replace(hw, dtype_bytes=DTYPE_BYTES[dtype])

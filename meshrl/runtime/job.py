@@ -34,6 +34,18 @@ def plan_table(plan: ExecutionPlan, off_policy: int = 0) -> str:
     return head + "\n" + "\n".join(lines)
 
 
+def threads_per_rank(cfg: Config, local_ranks: int) -> tuple[int, str]:
+    """(torch threads each rank gets, why): ``train.threads``, or auto (meshrl/cores.py)."""
+    from ..cores import rank_threads
+
+    return rank_threads(cfg.train.threads, local_ranks)
+
+
+def local_ranks(world: int) -> int:
+    """Ranks of this job on this machine: torchrun's LOCAL_WORLD_SIZE, else the job's ranks."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else world
+
+
 def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
@@ -109,7 +121,8 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
     from .run import rank_main
 
     try:
-        with RankPool(nprocs, timeout=timeout_s) as pool:
+        threads = threads_per_rank(cfg, nprocs)[0]  # set in each rank before it imports torch
+        with RankPool(nprocs, timeout=timeout_s, env={"OMP_NUM_THREADS": str(threads)}) as pool:
             return pool.run(rank_main, cfg, plan, str(out), start, timeout_s, str(status), quiet,
                             cfg.train.save_every, progress, timeout=JOB_DEADLINE_S)[0]
     except RankError as e:
@@ -133,7 +146,7 @@ def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(0)
-    torch.set_num_threads(max(1, cfg.train.threads))
+    torch.set_num_threads(threads_per_rank(cfg, 1)[0])
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
@@ -156,6 +169,7 @@ def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout
 
     from .run import rank_main
 
+    torch.set_num_threads(threads_per_rank(cfg, local_ranks(1))[0])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -52,7 +52,7 @@ def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: f
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     try:
@@ -132,7 +132,12 @@ class RankPool:
         self._results: mp.Queue = ctx.Queue()
         # No THP_MEM_ALLOC_ENABLE=1 by default: measured side by side on an idle machine, huge pages
         # made a fresh reallocated copy slower (0.36-0.46 of p2p against 0.74-0.82; docs/realloc.md).
-        child_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+        # Each rank's torch threads: $OMP_NUM_THREADS if set, else the usable cores split between the
+        # ranks (meshrl/cores.py); set in the rank's environment before it imports torch.
+        from ..cores import quiet_waits, rank_threads
+
+        child_env = {"OMP_NUM_THREADS": str(rank_threads(0, nprocs)[0]), **quiet_waits(dict(os.environ)),
+                     **(env or {})}
         self._procs = [
             ctx.Process(target=_worker, daemon=True, name=f"meshrl-rank{r}",
                         args=(r, nprocs, init_file, self.backend, timeout, self._tasks[r], self._results,

@@ -3,8 +3,10 @@ collective latency and bandwidth by group size, and how its cores are shared bet
 (meshrl/runtime/profile_cores.py), written as the JSON the planner reads (meshrl/plan/hardware.py:
 ``from_profile``).
 
-Each rank of a CPU run is one process with one thread (the tests and the launcher set
-OMP_NUM_THREADS=1), so compute is measured with one thread, in fp32 (the CPU dtype).
+Compute is measured with one thread, in fp32 (the CPU dtype), and the speedup of more threads per
+rank separately (meshrl/runtime/profile_threads.py): a rank of a run gets ``train.threads``
+threads, by default the usable cores split between the machine's ranks (meshrl/cores.py), and the
+planner scales the one-thread figures by the measured speedup for that count.
 Collectives run in real gloo process groups started with torch.multiprocessing; every process
 group has a timeout and every child is joined with a deadline and killed if it overruns.
 """
@@ -28,6 +30,7 @@ from .profile_cores import measure_cores
 from .profile_host import measure_host_gap
 from .profile_layers import linear_fit, measure_layers, measure_optimizer, median_time
 from .profile_pipeline import measure_pipeline_hop
+from .profile_threads import measure_thread_scaling
 
 HIDDEN_FULL = (128, 768, 2048, 4096)  # tiny, small, and two larger widths (7B is 4096)
 HIDDEN_QUICK = (128,)
@@ -139,7 +142,8 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
         for kind, fit in res.items():
             if kind != "p2p" or world == 2:
                 colls[kind][str(world)] = fit
-    cores = measure_cores(quick, timeout_s)  # cores, threads_per_rank, contention
+    cores = measure_cores(quick, timeout_s)  # cores, threads_per_rank (1), contention
+    scaling = measure_thread_scaling(cores["cores"], quick, reps)  # speedup of t threads per rank
     pipeline = measure_pipeline_hop(reps, timeout_s)  # per stage boundary of a decoding step
     host_gap = measure_host_gap(quick, timeout_s)  # the runtime's host time per call
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -147,4 +151,4 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
             "torch": torch.__version__, "dtype": "float32", "dtype_bytes": 4,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": quick,
             "matmul": matmul, "layers": layers, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls,
-            "pipeline": pipeline, "optimizer": optimizer, "host_gap": host_gap}
+            "pipeline": pipeline, "optimizer": optimizer, "host_gap": host_gap, "thread_scaling": scaling}

@@ -2,8 +2,9 @@
 
 - ``cores``: the cores this process may run on (``os.sched_getaffinity``), not ``os.cpu_count()``:
   a container or ``taskset`` limits the first, not the second;
-- ``threads_per_rank``: ``torch.get_num_threads()`` inside a rank started by meshrl's own launcher
-  (``RankPool``, which sets it from $OMP_NUM_THREADS, default 1);
+- ``threads_per_rank``: ``torch.get_num_threads()`` inside the ranks measured, always 1 (the
+  curve is for one-thread ranks; profile_threads.py measures what more threads per rank give, and
+  the planner combines the two: meshrl/plan/hardware.py ``from_profile``);
 - ``contention``: the measured slowdown of k ranks computing at once. k ranks of a RankPool wait on
   one gloo barrier, then each repeats one forward + backward of meshrl's tiny model until a common
   deadline; a rank's seconds per step are the window up to its last step that ended inside it, over
@@ -84,7 +85,8 @@ def measure_cores(quick: bool, timeout_s: float = 120.0) -> dict:
     ks = contention_ranks(cores, quick)
     window = 0.3 if quick else 1.0
     rounds: dict[int, list[float]] = {k: [] for k in ks}
-    with RankPool(max(ks), backend="gloo", timeout=timeout_s, start_timeout=timeout_s) as pool:
+    with RankPool(max(ks), backend="gloo", timeout=timeout_s, start_timeout=timeout_s,
+                  env={"OMP_NUM_THREADS": "1"}) as pool:
         threads = pool.run(_setup)[0]
         alone = [pool.run(_busy, 1, window)[0]]
         for _ in range(1 if quick else ROUNDS):

@@ -68,7 +68,8 @@ def _generate(which: str, batch: int, tokens: int, reps: int) -> float | None:
 def measure_pipeline_hop(reps: int, timeout_s: float = 120.0) -> dict:
     """{"hop_s": seconds per decoding step per stage boundary, "per_batch": {b: seconds}}."""
     per: dict[str, float] = {}
-    with RankPool(2, backend="gloo", timeout=timeout_s, start_timeout=timeout_s) as pool:
+    with RankPool(2, backend="gloo", timeout=timeout_s, start_timeout=timeout_s,
+                  env={"OMP_NUM_THREADS": "1"}) as pool:  # one-thread ranks, as the rest of the profile
         pool.run(_setup)
         for b in BATCHES:
             step = {}

@@ -21,6 +21,8 @@ def test_demo_writes_metrics_tensorboard_and_an_hf_checkpoint(tmp_path, capsys):
     out = run_cli(tmp_path)
     printed = capsys.readouterr().out
     assert "sizes: 8 prompts x 1 samples" in printed and f"outputs in {out}/" in printed
+    assert "threads: 1 per rank (auto: $OMP_NUM_THREADS)" in printed  # tests/conftest.py sets it to 1
+    assert torch.get_num_threads() == 1  # the one rank ran in this process with what it printed
     assert load_config(str(out / "config.yaml")).algo == "ppo"
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == [0, 1]

@@ -110,7 +110,12 @@ def test_profile_quick_writes_a_profile_the_planner_reads(capsys, tmp_path):
         fit = data["collectives"][kind]["2"]
         assert fit["latency_s"] >= 0 and fit["sec_per_byte"] > 0
     assert data["cores"] == len(os.sched_getaffinity(0))
-    assert data["threads_per_rank"] == int(os.environ.get("OMP_NUM_THREADS", "1"))  # as RankPool starts ranks
+    assert data["threads_per_rank"] == 1  # the curve is for one-thread ranks; the speedup of more:
+    speedup = data["thread_scaling"]["speedup"]
+    assert set(speedup) == {str(h) for h in map(int, data["layers"])}
+    counts = {t for curve in speedup.values() for t in curve}
+    assert counts == ({str(data["cores"])} if data["cores"] > 1 else set())
+    assert all(s > 0 for curve in speedup.values() for v in curve.values() for s in v.values())
     slow = data["contention"]["slowdown"]
     assert slow["1"] == 1.0 and slow["2"] > 0 and data["contention"]["seconds_per_step_alone"] > 0
     assert data["pipeline"]["hop_s"] >= 0 and set(data["pipeline"]["per_batch"]) == {"8", "32"}

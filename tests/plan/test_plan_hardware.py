@@ -106,16 +106,19 @@ def test_a_two_layer_model_timed_faster_than_one_layer_is_timed_again():
 
 
 def test_a_profile_taken_with_other_threads_or_cores_is_flagged():
-    """Ranks get $OMP_NUM_THREADS threads; a profile measured with another count, or on another
-    number of cores, would misprice every call: the reader says so (and still loads it)."""
+    """Ranks get train.threads threads (default: the usable cores split between the machine's
+    ranks); a profile without the measured speedup of more threads, measured with another count,
+    or one measured on another number of cores, would misprice every call: the reader says so (and
+    still loads it)."""
     from meshrl.plan.hardware import profile_mismatches
 
     data = {**PROFILE, "threads_per_rank": 1, "cores": 2}
-    assert profile_mismatches(data, {}, 2) == []
-    assert profile_mismatches(data, {"OMP_NUM_THREADS": "1"}, 2) == []
-    threads, = profile_mismatches(data, {"OMP_NUM_THREADS": "4"}, 2)
-    assert "1 thread(s) per rank" in threads and "OMP_NUM_THREADS=4" in threads
-    cores, = profile_mismatches(data, {}, 8)
+    assert profile_mismatches(data, 1, 2) == []
+    threads, = profile_mismatches(data, 4, 2)
+    assert "1 thread(s) per rank" in threads and "get 4" in threads
+    scaled = {**data, "thread_scaling": {"speedup": {"128": {"2": {"fwd": 1.5, "fwd_bwd": 1.5, "decode": 1.2}}}}}
+    assert profile_mismatches(scaled, 2, 2) == []  # the speedup of 2 threads is measured
+    cores, = profile_mismatches(data, 1, 8)
     assert "2 usable cores" in cores and "may use 8" in cores
 
 

@@ -27,7 +27,8 @@ from test_plans_equal import assert_same
 
 # small, not degenerate: a warm-up and a dense reward give advantages that carry signal
 ITEMS = ["data.batch_size=8", "data.gen_len=6", "sft.steps=30", "sft.batch_size=16",
-         "reward.rule=numeric_distance", "ppo.mini_batches=2"]
+         "reward.rule=numeric_distance", "ppo.mini_batches=2",
+         "train.threads=1"]  # pinned: a plan test compares plans, not thread counts (docs/runtime.md)
 GRAD_NORM_RTOL = 1e-3  # over 6 iterations (the module docstring); the other bounds are test_plans_equal.py's
 
 

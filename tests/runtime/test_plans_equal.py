@@ -100,7 +100,7 @@ def assert_same(want: list[dict], got: list[dict], label: str, grad_norm_rtol: f
 def pool():
     """One set of 4 ranks for every plan of both algorithms: jobs run one after another in the same
     processes and share their process groups (meshrl/runtime/run.py make_groups)."""
-    with RankPool(WORLD, timeout=300) as p:
+    with RankPool(WORLD, timeout=300, env={"OMP_NUM_THREADS": "1"}) as p:  # threads pinned, as the oracle's
         yield p
 
 
