@@ -194,6 +194,24 @@ Decode = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "torch.Tensor | No
 Pick = Callable[["torch.Tensor | None", torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+def loop_buffers(prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """What every decoding loop starts from, for prompt_mask [B, P] and N = cfg.max_new_tokens:
+    (mask [B, P+N] (static: [B, cache_length(P+N)]), out_tok [B, N] long (pads), out_lp [B, N]
+    float32, out_alive [B, N] long, the first decode slot P (0-dim long), steps between host checks)."""
+    (b, p), n, dev = prompt_mask.shape, cfg.max_new_tokens, prompt_mask.device
+    # The mask for the whole run, fixed: generated slots are real tokens; causality hides the future;
+    # the slots a bucketed cache has beyond p + n are never written and stay masked.
+    mask = torch.cat([prompt_mask, torch.ones(b, n, dtype=torch.long, device=dev)], 1)
+    if static:
+        mask = torch.nn.functional.pad(mask, (0, cache_length(p + n, True) - (p + n)))
+    out_tok = torch.full((b, n), cfg.pad_token_id, dtype=torch.long, device=dev)
+    out_lp = torch.zeros(b, n, dtype=torch.float32, device=dev)
+    out_alive = torch.zeros(b, n, dtype=torch.long, device=dev)
+    slot = torch.tensor(p, dtype=torch.long, device=dev)
+    return mask, out_tok, out_lp, out_alive, slot, cfg.sync_every or (1 if dev.type == "cpu" else 8)
+
+
 def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[[torch.Tensor], None],
                 ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool = False
                 ) -> GenerationOutput:
@@ -206,18 +224,9 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
     Host syncs: one every ``cfg.sync_every`` steps (all ended? compact?) and one at the end."""
     b, p = ids.shape
     n, dev = cfg.max_new_tokens, ids.device
-    # The mask for the whole run, fixed: generated slots are real tokens; causality hides the future;
-    # the slots a bucketed cache has beyond p + n are never written and stay masked.
-    mask = torch.cat([prompt_mask, torch.ones(b, n, dtype=torch.long, device=dev)], 1)
-    if static:
-        mask = torch.nn.functional.pad(mask, (0, cache_length(p + n, True) - (p + n)))
-    out_tok = torch.full((b, n), cfg.pad_token_id, dtype=torch.long, device=dev)
-    out_lp = torch.zeros(b, n, dtype=torch.float32, device=dev)
-    out_alive = torch.zeros(b, n, dtype=torch.long, device=dev)
+    mask, out_tok, out_lp, out_alive, slot, every = loop_buffers(prompt_mask, cfg, static)
     rows = torch.arange(b, device=dev)  # original index of each row still in the batch
     alive = torch.ones(b, dtype=torch.bool, device=dev)
-    slot = torch.tensor(p, dtype=torch.long, device=dev)
-    every = cfg.sync_every or (1 if dev.type == "cpu" else 8)
     logits = prefill(ids, prompt_mask)
     for step in range(n):
         tok, lp = pick(logits, rows, torch.tensor(step, dtype=torch.long, device=dev))

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.generation import (GenerationConfig, GenerationOutput, cache_length, compact_caches, compaction_keep,
-                                pick_token)
+from ..model.generation import (GenerationConfig, GenerationOutput, compact_caches, compaction_keep,
+                                loop_buffers, pick_token)
 from .pipeline import Pipe
 
 # pass_fn(x [b, s], mask, caches, start) -> float32 logits [b, V] of the last position on the last
@@ -71,14 +71,7 @@ def micro_decode(pipe: Pipe, prefill: PassFn, decode: PassFn, make_caches: Calla
     compiled step; the slots a bucketed cache has beyond P + N stay masked)."""
     b, p = ids.shape
     n, dev = cfg.max_new_tokens, ids.device
-    mask = torch.cat([prompt_mask, torch.ones(b, n, dtype=torch.long, device=dev)], 1)
-    if static:
-        mask = torch.nn.functional.pad(mask, (0, cache_length(p + n, True) - (p + n)))
-    out_tok = torch.full((b, n), cfg.pad_token_id, dtype=torch.long, device=dev)
-    out_lp = torch.zeros(b, n, dtype=torch.float32, device=dev)
-    out_alive = torch.zeros(b, n, dtype=torch.long, device=dev)
-    every = cfg.sync_every or (1 if dev.type == "cpu" else 8)
-    slot = torch.tensor(p, dtype=torch.long, device=dev)
+    mask, out_tok, out_lp, out_alive, slot, every = loop_buffers(prompt_mask, cfg, static)
     mbs = [_Micro(r, ids[r], mask[r], make_caches(len(r)), torch.ones(len(r), dtype=torch.bool, device=dev))
            for r in split_rows(b, m, dev)]
 
