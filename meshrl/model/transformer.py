@@ -65,10 +65,12 @@ class Unpad:
 
     @staticmethod
     def of(tokens: torch.Tensor) -> Unpad | None:
-        """tokens [B, S] (1 = real) -> an Unpad, or None when there is no pad token (one host sync)."""
-        if tokens.shape[1] < 2 or bool(tokens.all()):
+        """tokens [B, S] (1 = real) -> an Unpad, or None when there is no pad token (one host sync:
+        nonzero's)."""
+        if tokens.shape[1] < 2:
             return None
-        return Unpad(tokens.flatten().nonzero().squeeze(1), tokens.shape[0], tokens.shape[1])
+        idx = tokens.flatten().nonzero().squeeze(1)
+        return None if len(idx) == tokens.numel() else Unpad(idx, tokens.shape[0], tokens.shape[1])
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         """[B, S, *] -> [1, N, *]"""
