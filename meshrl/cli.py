@@ -76,8 +76,10 @@ def subcommand_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argpa
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from .cores import quiet_waits
+    from .host_memory import keep_freed_memory
 
     quiet_waits()  # before anything loads torch's OpenMP runtime (meshrl/cores.py)
+    keep_freed_memory()  # activations reuse freed pages instead of faulting in new ones (meshrl/host_memory.py)
     parser, modules = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported in the usage of the subcommand they were given to, not the top level

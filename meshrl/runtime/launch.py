@@ -49,6 +49,9 @@ def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: f
 
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     os.environ.update(env)
+    from ..host_memory import keep_freed_memory
+
+    keep_freed_memory()  # glibc read MALLOC_* at the start, before os.environ had them
     import torch
     import torch.distributed as dist
 
@@ -135,8 +138,10 @@ class RankPool:
         # Each rank's torch threads: $OMP_NUM_THREADS if set, else the usable cores split between the
         # ranks (meshrl/cores.py); set in the rank's environment before it imports torch.
         from ..cores import quiet_waits, rank_threads
+        from ..host_memory import freed_memory_env
 
         child_env = {"OMP_NUM_THREADS": str(rank_threads(0, nprocs)[0]), **quiet_waits(dict(os.environ)),
+                     **freed_memory_env(),
                      **(env or {})}
         self._procs = [
             ctx.Process(target=_worker, daemon=True, name=f"meshrl-rank{r}",
