@@ -3,7 +3,7 @@
 seconds}}, from the metrics of a ``meshrl train`` run in this process (one rank runs in the
 process that calls it; ``time/iteration_cpu`` is that process's CPU time).
 
-    python bench/grpo_meshrl_side.py CKPT_DIR PROMPTS.jsonl ITERATIONS THREADS COMPILE(0|1)
+    python bench/grpo_meshrl_side.py CKPT_DIR PROMPTS.jsonl ITERATIONS THREADS COMPILE(0|1) [DTYPE]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 import torch
 
 
-def _run(ckpt: str, data: str, iters: int, threads: int, compile_: str, out: str) -> list[dict]:
+def _run(ckpt: str, data: str, iters: int, threads: int, compile_: str, dtype: str, out: str) -> list[dict]:
     """``meshrl train`` (the user's path: the runtime on one rank) -> its metrics records."""
     from meshrl.cli import main as cli
     from meshrl.observe.metrics import read_metrics
@@ -25,7 +25,8 @@ def _run(ckpt: str, data: str, iters: int, threads: int, compile_: str, out: str
               "data.prompt_len=16", "data.gen_len=32", "data.batch_size=8", "data.samples_per_prompt=4",
               "ppo.mini_batches=1", "ppo.epochs=1", "ppo.kl_coef=0.04", "optim.lr=1e-5",
               "reward.rule=numeric_distance", "sft.warmup=false", f"train.iterations={iters}",
-              f"train.threads={threads}", f"gen.compile={compile_ == '1'}", "--out", out, "--no-progress"])
+              f"train.threads={threads}", f"gen.compile={compile_ == '1'}", f"train.dtype={dtype}",
+              "--out", out, "--no-progress"])
     if rc != 0:
         sys.exit(f"meshrl train exited {rc}")
     return read_metrics(f"{out}/metrics.jsonl")
@@ -33,10 +34,11 @@ def _run(ckpt: str, data: str, iters: int, threads: int, compile_: str, out: str
 
 def main() -> None:
     ckpt, data, iters, threads, compile_ = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    dtype = sys.argv[6] if len(sys.argv) > 6 else "float32"
     if threads:  # 0: train.threads=0, meshrl's default (auto: the usable cores)
         torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as d:
-        metrics = _run(ckpt, data, iters, threads, compile_, f"{d}/run")
+        metrics = _run(ckpt, data, iters, threads, compile_, dtype, f"{d}/run")
     calls = sorted(k for k in metrics[0] if k.startswith("time/call/"))
     print(json.dumps({"seconds": [m["time/iteration"] for m in metrics],
                       "cpu": [m["time/iteration_cpu"] for m in metrics],
