@@ -25,7 +25,8 @@ def _run(ckpt: str, data: str, iters: int, threads: int, compile_: str, dtype: s
               "data.prompt_len=16", "data.gen_len=32", "data.batch_size=8", "data.samples_per_prompt=4",
               "ppo.mini_batches=1", "ppo.epochs=1", "ppo.kl_coef=0.04", "optim.lr=1e-5",
               "reward.rule=numeric_distance", "sft.warmup=false", f"train.iterations={iters}",
-              f"train.threads={threads}", f"gen.compile={compile_ == '1'}", f"train.dtype={dtype}",
+              f"train.threads={threads}", f"gen.compile={compile_ == '1'}", f"train.compile={compile_ == '1'}",
+              f"train.dtype={dtype}",
               "--out", out, "--no-progress"])
     if rc != 0:
         sys.exit(f"meshrl train exited {rc}")

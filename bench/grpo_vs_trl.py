@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternating")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads on both sides (0: meshrl's default, the usable cores; meshrl/cores.py)")
-    ap.add_argument("--compile", action="store_true", help="meshrl with gen.compile=true")
+    ap.add_argument("--compile", action="store_true", help="meshrl with gen.compile=true and train.compile=true")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                     help="meshrl's train.dtype (bfloat16: bf16 weights, fp32 master weights)")
     ap.add_argument("--trl-dtype", choices=("float32", "bfloat16"),
@@ -116,7 +116,7 @@ def main() -> None:
     import transformers
     print(f"GRPO iteration, 3.2M-parameter LLaMA, 8 prompts x 4 samples, <= 32 new tokens, KL to a reference, "
           f"one optimizer step; torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"trl {TRL_VERSION}; {args.threads} thread(s); meshrl gen.compile={str(args.compile).lower()}, "
+          f"trl {TRL_VERSION}; {args.threads} thread(s); meshrl gen.compile=train.compile={str(args.compile).lower()}, "
           f"train.dtype={args.dtype}; TRL {args.trl_dtype or args.dtype}; "
           f"medians of {len(res['meshrl']['seconds'])} iterations a side")
     for kind, label in (("seconds", "wall"), ("cpu", "cpu")):

@@ -75,6 +75,9 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute each layer's activations in the backward
     grad_bucket_mb: float = 25.0  # data-parallel gradient all-reduce bucket, MiB (PyTorch DDP's default)
     overlap_grad_reduce: bool = True  # all-reduce each bucket as the last micro-batch's backward fills it
+    compile: bool = False  # decoder layers' forwards outside generation (training, reference / critic /
+    # reward inference) and their backward through torch.compile, where tp = 1: fused elementwise work,
+    # after a one-off compile of ~20-40 s on a CPU (meshrl/model/compiled_layers.py; gen.compile: decoding)
 
 
 @dataclass

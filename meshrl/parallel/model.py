@@ -42,7 +42,7 @@ class ParallelModel:
     def __init__(self, cfg: ModelConfig, groups: RankGroups, load: SliceLoader, value_head: bool = False,
                  optim: AdamWConfig | None = None, timeout_s: float = 300.0,
                  activation_checkpointing: bool = False, grad_bucket_bytes: int = BUCKET_BYTES,
-                 overlap_grad_reduce: bool = True) -> None:
+                 overlap_grad_reduce: bool = True, compile_layers: bool = False) -> None:
         """Build this rank's part; ``groups`` from ``GroupCache.for_placement(placement,
         cfg.num_key_value_heads)`` (which every rank of the world calls). See ``create``."""
         placement = groups.placement
@@ -50,7 +50,10 @@ class ParallelModel:
         self.sm: ShardMap = shard_map(cfg, placement, value_head)
         self.groups = groups
         self.stage = Stage(self.sm, self.groups, load, comm.compute_device())
-        if activation_checkpointing:
+        if compile_layers and placement.layout.tp == 1:  # tp's all-reduces stay out of compiled code
+            from ..model.compiled_layers import compile_layers as compile_
+            compile_(self.stage.model.layers)
+        if activation_checkpointing:  # after compiling: the recomputed forward is the compiled one
             self.stage.checkpoint_activations()
         self.pipe = Pipe(self.groups.pp, timeout_s, self.stage.device)
         self.named: dict[str, nn.Parameter] = dict(self.stage.param_of)

@@ -183,6 +183,7 @@ def build_roles(cfg: Config, graph: Graph, plan: ExecutionPlan, states: dict, ca
                                                  activation_checkpointing=optim is not None
                                                  and cfg.train.activation_checkpointing,
                                                  grad_bucket_bytes=int(cfg.train.grad_bucket_mb * 2**20),
-                                                 overlap_grad_reduce=cfg.train.overlap_grad_reduce)
+                                                 overlap_grad_reduce=cfg.train.overlap_grad_reduce,
+                                                 compile_layers=cfg.train.compile)
             rm.dtype = rm.models[pl].dtype
     return out
