@@ -85,12 +85,18 @@ class Unpad:
 class KVCache:
     """Static per-layer key/value buffers, gpt-fast style: k, v [B, kv_heads, max_len, head_dim].
 
-    ``kv_heads`` is whatever the attention module holds locally (all, or a tensor-parallel shard)."""
+    ``kv_heads`` is whatever the attention module holds locally (all, or a tensor-parallel shard).
+
+    ``qkv`` ((weight [q+k+v, hidden], bias or None)) and ``gate_up`` ([2 x intermediate, hidden]):
+    the layer's projections concatenated for the generation this cache lives through (the weights
+    do not change during it), or None; see generation.fused_weights."""
 
     def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str) -> None:
         self.k = torch.zeros(batch, kv_heads, max_len, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.gate_up: torch.Tensor | None = None
 
     def update(self, start: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +133,11 @@ class Attention(nn.Module):
         """x [B, S, hidden], or its real tokens [1, N, hidden] with ``unpad`` (then so is the
         output); mask [B, 1, S, T] boolean (True = attend), T = start + S; or None for plain causal
         attention over S = T keys (then SDPA takes its is_causal path)."""
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if cache is not None and cache.qkv is not None:  # one matmul for three (generation.fused_weights)
+            q, k, v = F.linear(x, *cache.qkv).split(
+                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if unpad is not None:  # projections on real tokens only; attention in the padded layout
             q, k, v = unpad.unpack(q), unpad.unpack(k), unpad.unpack(v)
         b, s, _ = q.shape
@@ -169,8 +179,12 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, f, bias=False)
         self.down_proj = nn.Linear(f, h, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, gate_up: torch.Tensor | None = None) -> torch.Tensor:
+        """``gate_up``: gate_proj's and up_proj's weights concatenated (one matmul), or None."""
+        if gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, gate_up).chunk(2, -1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -198,7 +212,7 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, start, unpad)
         h = self.post_attention_layernorm(x)
         if not self.moe:
-            return x + self.ffn(h)
+            return x + self.ffn(h, None if cache is None else cache.gate_up)
         if unpad is None:
             return x + self.ffn(h, token_mask)
         # The balance loss is per row: the MoE block sees the padded [B, S] layout.

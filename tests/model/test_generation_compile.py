@@ -54,3 +54,29 @@ def test_compiled_sampling_is_batch_invariant_and_compacts(pair):
     alone = generate(ours, prompts[3:4], GenerationConfig(**cfg, compile=True), seeds[3:4])
     n = int(alone.response_mask.sum())
     assert alone.responses[0, :n].tolist() == eager.responses[3, :n].tolist()
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_fused_projections_give_the_unfused_tokens(monkeypatch, compile_):
+    """bf16 on a CPU decodes with q|k|v and gate|up concatenated (generation.fuse_projections): the
+    same tokens and log-probs as the separate matmuls, bit for bit; and the copies are made per
+    generation, so a weight update shows in the next one."""
+    from meshrl.model import generation as G
+    from meshrl.model.checkpoint import build_model
+
+    torch.manual_seed(0)
+    model = build_model("tiny").to(torch.bfloat16)
+    assert G.fuse_projections(model.lm_head.weight)
+    prompts, seeds = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]], [1, 2, 3]
+    cfg = G.GenerationConfig(max_new_tokens=12, compile=compile_)
+    fused = G.generate(model, prompts, cfg, seeds)
+    with monkeypatch.context() as m:
+        m.setattr(G, "fuse_projections", lambda w: False)
+        plain = G.generate(model, prompts, cfg, seeds)
+    assert torch.equal(fused.responses, plain.responses)
+    assert torch.equal(fused.response_logprobs, plain.response_logprobs)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.up_proj.weight.mul_(-1)
+    changed = G.generate(model, prompts, cfg, seeds)
+    assert not torch.equal(changed.response_logprobs, fused.response_logprobs)
