@@ -2,7 +2,7 @@
 (tokens/s, eager and with gen.compile) and one training step (forward + backward of a causal-LM loss).
 
     python bench/generate.py [--preset llama-3m|tiny|small] [--batch 1,8,32] [--new-tokens 32] [--repeats 5]
-                             [--threads 1] [--no-compile] [--skip-train]
+                             [--threads 1] [--dtype float32|bfloat16] [--no-compile] [--skip-train]
 
 Both sides get the same checkpoint (saved by meshrl, read by transformers), the same left-padded
 prompts of different lengths, the same thread count; runs alternate ours/theirs so that noise from
@@ -114,12 +114,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (0 = torch's default); 1 makes CPU time a clean measure of work")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="both sides' weights and activations (bfloat16: AMX matmuls on CPUs that have them)")
     ap.add_argument("--no-compile", action="store_true", help="skip the gen.compile rows")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--no-thp", action="store_true", help="leave THP_MEM_ALLOC_ENABLE unset")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    from meshrl.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # as `meshrl` does; the process is both sides' (meshrl/host_memory.py)
+    dtype = getattr(torch, args.dtype)
 
     import transformers
     from bench_models import MODELS
@@ -135,8 +141,8 @@ def main() -> None:
             for p in model.parameters():
                 p.normal_(0.0, 0.1) if p.dim() > 1 else p.fill_(1.0)
         model.save_pretrained(d)
-        ours = load_pretrained(d).eval()
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        ours = load_pretrained(d).to(dtype).eval()
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
     # Neither side stops at EOS: all rows decode new_tokens tokens (a forced min_new_tokens would
     # instead forbid EOS on transformers' side only, and its tokens would differ where EOS wins).
     theirs.generation_config.eos_token_id = None
@@ -144,7 +150,7 @@ def main() -> None:
     lo, hi = map(int, args.prompt_len.split(","))
     print(f"model: {args.preset!r}, {num_params(cfg) / 1e6:.1f}M parameters; torch {torch.__version__}, "
           f"transformers {transformers.__version__} (attn {theirs.config._attn_implementation}); "
-          f"{torch.get_num_threads()} threads; THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}; "
+          f"{args.dtype}; {torch.get_num_threads()} threads; THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}; "
           f"medians of {args.repeats}, ours and transformers alternating")
     for batch in map(int, args.batch.split(",")):
         prompts = _prompts(batch, cfg.vocab_size, lo, hi)

@@ -148,6 +148,13 @@ def decode_one(model: CausalLM, tok: torch.Tensor, mask: torch.Tensor, caches: l
     return model.lm_head(hidden[:, -1]).float()
 
 
+def decode_and_pick(model, tok: torch.Tensor, mask: torch.Tensor, caches: list[KVCache], slot: torch.Tensor,
+                    keys: torch.Tensor | None, step: torch.Tensor, temperature: float, top_k: int, top_p: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``decode_one`` then ``pick_token``: one function, so one compiled graph a token."""
+    return pick_token(decode_one(model, tok, mask, caches, slot), keys, step, temperature, top_k, top_p)
+
+
 def pick_token(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.Tensor, temperature: float,
                top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] float32 -> (tokens [B] long, their log-prob [B] float32 under the raw logits).
@@ -218,6 +225,9 @@ def seed_keys(seeds: list[int] | None, n: int, device: torch.device) -> torch.Te
 Prefill = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 Decode = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 Pick = Callable[["torch.Tensor | None", torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# decode_pick(tok [b], mask, slot, rows [b], step) -> pick's (tokens, log-probs) after decoding tok
+DecodePick = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                      tuple[torch.Tensor, torch.Tensor]]
 
 
 def loop_buffers(prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool
@@ -239,23 +249,25 @@ def loop_buffers(prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool
 
 
 def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[[torch.Tensor], None],
-                ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool = False
-                ) -> GenerationOutput:
+                ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool = False,
+                decode_pick: DecodePick | None = None) -> GenerationOutput:
     """The decoding loop every generator shares (one process here, a pipeline in
     meshrl/parallel/generate.py): prefill, then pick a token and decode it, until EOS or the budget.
 
     ``static``: the decode step gets the whole mask and a tensor slot (fixed shapes, for a compiled
     step); otherwise an int slot and the mask of the filled prefix, so that eager attention reads
     only the filled cache (fewer keys, and the very numbers of an unpadded forward).
+    ``decode_pick``: decode and pick in one call (one compiled graph: one guard check and one call
+    a token instead of two), used for the decode steps instead of ``decode`` then ``pick``.
     Host syncs: one every ``cfg.sync_every`` steps (all ended? compact?) and one at the end."""
     b, p = ids.shape
     n, dev = cfg.max_new_tokens, ids.device
     mask, out_tok, out_lp, out_alive, slot, every = loop_buffers(prompt_mask, cfg, static)
     rows = torch.arange(b, device=dev)  # original index of each row still in the batch
     alive = torch.ones(b, dtype=torch.bool, device=dev)
-    logits = prefill(ids, prompt_mask)
+    steps = torch.arange(n, device=dev)  # the sampling noise's step, a 0-dim tensor each (no retrace)
+    tok, lp = pick(prefill(ids, prompt_mask), rows, steps[0])
     for step in range(n):
-        tok, lp = pick(logits, rows, torch.tensor(step, dtype=torch.long, device=dev))
         tok = torch.where(alive, tok, cfg.pad_token_id)
         out_tok[rows, step] = tok
         out_lp[rows, step] = torch.where(alive, lp, 0.0)
@@ -272,7 +284,11 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
                 keep = compaction_keep(alive, static)
                 compact(keep)
                 rows, alive, tok, mask = rows[keep], alive[keep], tok[keep], mask[keep]
-        logits = decode(tok, mask, slot + step) if static else decode(tok, mask[:, :p + step + 1], p + step)
+        if decode_pick is not None:
+            tok, lp = decode_pick(tok, mask, slot + step, rows, steps[step + 1])
+        else:
+            logits = decode(tok, mask, slot + step) if static else decode(tok, mask[:, :p + step + 1], p + step)
+            tok, lp = pick(logits, rows, steps[step + 1])
     width = max(int(out_alive.sum(1).max()), 1)  # as if the loop had stopped when the last row ended
     return GenerationOutput(out_tok[:, :width].clone(), out_lp[:, :width].clone(), out_alive[:, :width].clone())
 
@@ -288,17 +304,21 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     keys = None if cfg.greedy else seed_keys(seeds, len(prompts), device)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, device)
     caches = make_caches(model, len(prompts), cache_length(ids.shape[1] + cfg.max_new_tokens, cfg.use_compile))
-    step_fn = compiled("decode_one", decode_one, model) if cfg.use_compile else decode_one
-    pick_fn = compiled("pick_token", pick_token, model) if cfg.use_compile else pick_token
+    pick_fn = compiled("pick_token", pick_token, model) if cfg.use_compile else pick_token  # after prefill
+    both = compiled("decode_and_pick", decode_and_pick, model) if cfg.use_compile else None
 
     def prefill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # Only the last position goes through the LM head (the others' logits are never used).
         return model.lm_head(model.model(x, mask, caches, 0)[:, -1]).float()
 
-    return decode_loop(prefill, lambda tok, mask, slot: step_fn(model, tok, mask, caches, slot),
+    return decode_loop(prefill, lambda tok, mask, slot: decode_one(model, tok, mask, caches, slot),
                        lambda logits, rows, step: pick_fn(logits, None if keys is None else keys[rows], step,
                                                           cfg.temperature, cfg.top_k, cfg.top_p),
-                       lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg, static=cfg.use_compile)
+                       lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg, static=cfg.use_compile,
+                       decode_pick=None if both is None else
+                       lambda tok, mask, slot, rows, step: both(model, tok, mask, caches, slot,
+                                                               None if keys is None else keys[rows], step,
+                                                               cfg.temperature, cfg.top_k, cfg.top_p))
 
 
 def sequence_logprobs(model: CausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None

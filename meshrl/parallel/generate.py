@@ -37,6 +37,13 @@ def _stage_logits(stage: Stage, x: torch.Tensor, mask: torch.Tensor, caches: lis
     return stage.head(stage(x, mask, caches, start)[:, -1]).float()
 
 
+def _stage_decode_pick(stage: Stage, tok: torch.Tensor, mask: torch.Tensor, caches: list, slot: torch.Tensor,
+                       keys: torch.Tensor | None, step: torch.Tensor, temperature: float, top_k: int, top_p: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A one-stage, tp = 1 decode step and its pick (one compiled graph): tok [B] -> (tokens, log-probs)."""
+    return pick_token(_stage_logits(stage, tok[:, None], mask, caches, slot), keys, step, temperature, top_k, top_p)
+
+
 def _step(stage: Stage, pipe: Pipe, tp: Axis, x: torch.Tensor, mask: torch.Tensor, caches: list,
           start: int | torch.Tensor, forward=_stage_forward) -> torch.Tensor | None:
     """One pass of x [B, s] (token ids; the other stages receive hidden [B, s, hidden]) through the
@@ -77,9 +84,9 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
                             lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, fwd),
                             lambda b: make_caches(stage, b, cache_len), ids, prompt_mask, keys, cfg, m, static)
     caches = make_caches(stage, len(prompts), cache_len)
-    # One stage, no tp: the LM head joins the compiled step and the pick is compiled too (as in
-    # model.generate); there is nobody to broadcast to. Per decode step at b 32 (bf16, 2 threads):
-    # the eager head, pick and float64 packing were ~0.4 ms of ~2.6.
+    # One stage, no tp: the LM head and the pick join the compiled decode step (as in model.generate);
+    # there is nobody to broadcast to. Per decode step at b 32 (bf16, 2 threads): the eager head, pick
+    # and float64 packing were ~0.4 ms of ~2.6.
     alone = static and pipe.axis.size == 1
     pick_fn = compiled("pick_token", pick_token, stage) if alone else pick_token
 
@@ -96,13 +103,14 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
         pipe.broadcast_from_last(packed)
         return packed[0].long(), packed[1].float()
 
-    if alone:
-        logits_fn = compiled("stage_logits", _stage_logits, stage)
-        decode = lambda tok, mask, slot: logits_fn(stage, tok[:, None], mask, caches, slot)  # noqa: E731
-    else:
-        decode = lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd)  # noqa: E731
-    out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0), decode,
+    both = compiled("stage_decode_pick", _stage_decode_pick, stage) if alone else None
+    out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0),
+                      lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd),
                       pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg,
-                      static=fwd is not _stage_forward)
+                      static=fwd is not _stage_forward,
+                      decode_pick=None if both is None else
+                      lambda tok, mask, slot, rows, step: both(stage, tok, mask, caches, slot,
+                                                              None if keys is None else keys[rows], step,
+                                                              cfg.temperature, cfg.top_k, cfg.top_p))
     pipe.wait_sends()
     return out
