@@ -150,7 +150,8 @@ def main() -> None:
     lo, hi = map(int, args.prompt_len.split(","))
     print(f"model: {args.preset!r}, {num_params(cfg) / 1e6:.1f}M parameters; torch {torch.__version__}, "
           f"transformers {transformers.__version__} (attn {theirs.config._attn_implementation}); "
-          f"{args.dtype}; {torch.get_num_threads()} threads; THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}; "
+          f"{args.dtype}; {torch.get_num_threads()} threads; "
+          f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}; "
           f"medians of {args.repeats}, ours and transformers alternating")
     for batch in map(int, args.batch.split(",")):
         prompts = _prompts(batch, cfg.vocab_size, lo, hi)

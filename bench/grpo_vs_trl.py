@@ -1,7 +1,7 @@
 """A GRPO iteration, meshrl against TRL's GRPOTrainer, side by side in one run.
 
     python bench/grpo_vs_trl.py [--steps 8] [--rounds 2] [--threads 0] [--compile] [--dtype float32|bfloat16]
-                                 [--trl-dtype float32|bfloat16] [--trl-venv DIR]
+                                 [--trl-dtype float32|bfloat16] [--trl-compile] [--trl-venv DIR]
 
 Issue 14's setting: a 3.2M-parameter LLaMA (bench_models.LLAMA_3M, random weights, one checkpoint
 directory read by both), 8 addition prompts x 4 samples, at most 32 new tokens, one optimizer step
@@ -86,6 +86,8 @@ def main() -> None:
                     help="meshrl's train.dtype (bfloat16: bf16 weights, fp32 master weights)")
     ap.add_argument("--trl-dtype", choices=("float32", "bfloat16"),
                     help="TRL's precision (bfloat16: bf16=True, TRL's default, autocast); default: --dtype")
+    ap.add_argument("--trl-compile", action="store_true", help="TRL with torch_compile=True (the Trainer "
+                    "compiles the model; not TRL's default)")
     ap.add_argument("--trl-venv", default=str(Path.home() / ".cache" / "meshrl" / "trl-venv"))
     args = ap.parse_args()
     from meshrl.cores import usable_cores
@@ -101,7 +103,7 @@ def main() -> None:
         ours_cmd = [sys.executable, str(HERE / "grpo_meshrl_side.py"), str(ckpt), str(data), n, str(args.threads),
                     "1" if args.compile else "0", args.dtype]
         trl_cmd = [str(py_trl), str(HERE / "grpo_trl_side.py"), str(ckpt), str(data), n, str(args.threads),
-                   args.trl_dtype or args.dtype]
+                   args.trl_dtype or args.dtype, "1" if args.trl_compile else "0"]
         res: dict[str, dict[str, list[float]]] = {s: {"seconds": [], "cpu": []} for s in ("meshrl", "trl")}
         calls: list[dict] = []
         for r in range(args.rounds):
@@ -117,7 +119,8 @@ def main() -> None:
     print(f"GRPO iteration, 3.2M-parameter LLaMA, 8 prompts x 4 samples, <= 32 new tokens, KL to a reference, "
           f"one optimizer step; torch {torch.__version__}, transformers {transformers.__version__}, "
           f"trl {TRL_VERSION}; {args.threads} thread(s); meshrl gen.compile=train.compile={str(args.compile).lower()}, "
-          f"train.dtype={args.dtype}; TRL {args.trl_dtype or args.dtype}; "
+          f"train.dtype={args.dtype}; TRL {args.trl_dtype or args.dtype}"
+          f"{', torch_compile' if args.trl_compile else ''}; "
           f"medians of {len(res['meshrl']['seconds'])} iterations a side")
     for kind, label in (("seconds", "wall"), ("cpu", "cpu")):
         o, t = statistics.median(res["meshrl"][kind]), statistics.median(res["trl"][kind])
