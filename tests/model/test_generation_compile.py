@@ -56,16 +56,22 @@ def test_compiled_sampling_is_batch_invariant_and_compacts(pair):
     assert alone.responses[0, :n].tolist() == eager.responses[3, :n].tolist()
 
 
-@pytest.mark.parametrize("compile_", [False, True])
-def test_fused_projections_give_the_unfused_tokens(monkeypatch, compile_):
+@pytest.mark.parametrize("compile_,family",
+                         [(False, "tiny"), (True, "tiny"), (False, "qwen2-bias"), (False, "tiny-qwen3")])
+def test_fused_projections_give_the_unfused_tokens(monkeypatch, compile_, family):
     """bf16 on a CPU decodes with q|k|v and gate|up concatenated (generation.fuse_projections): the
     same tokens and log-probs as the separate matmuls, bit for bit; and the copies are made per
     generation, so a weight update shows in the next one."""
     from meshrl.model import generation as G
     from meshrl.model.checkpoint import build_model
 
+    from dataclasses import replace
+
+    from meshrl.model.presets import get_preset
+
     torch.manual_seed(0)
-    model = build_model("tiny").to(torch.bfloat16)
+    cfg = replace(get_preset("tiny"), model_type="qwen2", attention_bias=True) if family == "qwen2-bias" else family
+    model = build_model(cfg).to(torch.bfloat16)
     assert G.fuse_projections(model.lm_head.weight)
     prompts, seeds = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]], [1, 2, 3]
     cfg = G.GenerationConfig(max_new_tokens=12, compile=compile_)
