@@ -15,6 +15,12 @@ time (meshrl's from its metrics.jsonl, one ``meshrl train`` run; TRL's from a ca
 two iterations of each process (warm-up, compile) are dropped. Each side also reports its process's
 CPU time per iteration (meshrl's one rank runs in the process that calls ``meshrl train``), the
 steadier measure on a shared machine. Prints medians and TRL/meshrl (> 1: meshrl is faster).
+
+Precision: ``--dtype`` is meshrl's ``train.dtype`` (bfloat16: bf16 weights, fp32 master weights and
+moments); ``--trl-dtype`` TRL's (bfloat16: ``bf16=True``, TRL's own default, autocast over fp32
+weights; float32: ``bf16=False``, TRL's faster setting on this CPU). Both default to float32.
+The README's headline: ``--rounds 3 --compile --dtype bfloat16`` (against TRL's default) and
+``... --trl-dtype float32`` (against TRL's fastest).
 """
 
 from __future__ import annotations
