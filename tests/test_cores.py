@@ -65,3 +65,16 @@ def test_generate_takes_its_threads_as_train_does(capsys, monkeypatch):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)  # as the rest of the suite expects
+
+
+def test_a_run_in_this_process_gives_the_threads_back(tmp_path):
+    """`meshrl train` on one rank runs in the caller's process with train.threads; the caller's
+    thread count comes back afterwards (a library call, or the rest of a test suite)."""
+    import torch
+
+    from meshrl.cli import main
+
+    torch.set_num_threads(1)
+    assert main(["train", "train.iterations=1", "train.threads=2", "sft.warmup=false", "--out", str(tmp_path),
+                 "--no-progress"]) == 0
+    assert torch.get_num_threads() == 1

@@ -146,6 +146,7 @@ def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(0)
+    before = torch.get_num_threads()  # the caller's, given back at the end (a library call, a test)
     torch.set_num_threads(threads_per_rank(cfg, 1)[0])
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=timeout_s))
@@ -154,6 +155,7 @@ def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0
                          cfg.train.save_every, progress)
     finally:
         dist.destroy_process_group()
+        torch.set_num_threads(before)
 
 
 def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout_s: float, quiet: bool,
