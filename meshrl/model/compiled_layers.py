@@ -51,12 +51,14 @@ def _compiled_layer_call():
 
 def compile_layers(layers: nn.ModuleList) -> int:
     """Route the cache-free forwards of the dense layers in ``layers`` through the one compiled
-    function; -> how many layers were routed. Call before activation checkpointing wraps them."""
+    function; -> how many layers were routed (a layer already routed is left as it is). Call before
+    activation checkpointing wraps them."""
     fn = _compiled_layer_call()
     routed = 0
     for layer in layers:
-        if layer.moe:
+        if layer.moe or getattr(layer, "_meshrl_compiled", False):
             continue
+        layer._meshrl_compiled = True
 
         def run(h, cos, sin, mask, cache=None, start=0, token_mask=None, unpad=None,
                 _layer=layer, _eager=layer.forward):
