@@ -12,9 +12,9 @@ allocator; this is the host's equivalent, set the way the glibc manual offers:
 ``M_MMAP_MAX = 0`` (no block gets its own mapping) and a trim threshold of 2 GiB (freed memory
 stays in the heap for the next step). The cost: the process keeps its peak heap.
 
-``keep_freed_memory()`` sets both in this process (``mallopt``) and returns the environment
-variables that set them in a child at its start (glibc reads them before ``main``). A user's own
-``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_`` win; ``MESHRL_KEEP_FREED_MEMORY=0`` turns it off.
+``keep_freed_memory()`` sets both in this process (``mallopt``); ``freed_memory_env()`` gives the
+environment variables that set them in a child at its start (glibc reads them before ``main``). A
+user's own ``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_`` win; ``MESHRL_KEEP_FREED_MEMORY=0`` turns it off.
 Outside glibc (macOS, musl, a preloaded jemalloc or tcmalloc) it changes nothing that matters.
 """
 
@@ -49,17 +49,16 @@ def freed_memory_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return {k: env.get(k, v) for k, v in ENV.items()}
 
 
-def keep_freed_memory(env: dict[str, str] | None = None) -> dict[str, str]:
-    """Apply ``freed_memory_env(env)`` to this process now (``mallopt``: glibc read the variables
-    only when the process started) and return it, for a child's environment."""
-    want = freed_memory_env(env)
+def keep_freed_memory() -> None:
+    """Apply ``freed_memory_env()`` to this process now, with ``mallopt`` (glibc read the variables
+    only when the process started, perhaps before they were set)."""
+    want = freed_memory_env()
     lib = _glibc() if want else None
     if lib is None:
-        return want
+        return
     try:
-        values = {k: int(v) for k, v in want.items()}
+        mmap_max, trim = int(want["MALLOC_MMAP_MAX_"]), int(want["MALLOC_TRIM_THRESHOLD_"])
     except ValueError:  # the user's odd value: glibc ignored it at start; so do we
-        return want
-    lib.mallopt(M_MMAP_MAX, min(values["MALLOC_MMAP_MAX_"], 2**31 - 1))
-    lib.mallopt(M_TRIM_THRESHOLD, min(values["MALLOC_TRIM_THRESHOLD_"], TRIM_THRESHOLD))
-    return want
+        return
+    lib.mallopt(M_MMAP_MAX, min(mmap_max, 2**31 - 1))
+    lib.mallopt(M_TRIM_THRESHOLD, min(trim, TRIM_THRESHOLD))

@@ -26,9 +26,8 @@ from functools import cache
 import torch
 from torch import nn
 
+from .generation import allow_recompiles
 from .transformer import DecoderLayer, Unpad
-
-RECOMPILE_LIMIT = 64  # graphs per compiled function (dynamo's default of 8 is low for grad x pad x shapes)
 
 
 def _layer_call(layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -42,10 +41,7 @@ def _layer_call(layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: to
 
 @cache
 def _compiled_layer_call():
-    import torch._dynamo
-
-    cfg = torch._dynamo.config
-    cfg.cache_size_limit = max(cfg.cache_size_limit, RECOMPILE_LIMIT)
+    allow_recompiles()  # grad x padding x shapes
     return torch.compile(_layer_call, dynamic=True)
 
 

@@ -155,6 +155,14 @@ def decode_and_pick(model, tok: torch.Tensor, mask: torch.Tensor, caches: list[K
     return pick_token(decode_one(model, tok, mask, caches, slot), keys, step, temperature, top_k, top_p)
 
 
+def bind_decode_pick(fn: Callable, model, caches: list[KVCache], keys: torch.Tensor | None,
+                     cfg: GenerationConfig) -> DecodePick:
+    """``decode_loop``'s ``decode_pick`` from ``fn`` (``decode_and_pick``, compiled) and what stays
+    fixed for one generation: the model, its caches, the rows' sampling keys, the sampling settings."""
+    return lambda tok, mask, slot, rows, step: fn(model, tok, mask, caches, slot, None if keys is None else keys[rows],
+                                                  step, cfg.temperature, cfg.top_k, cfg.top_p)
+
+
 def pick_token(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.Tensor, temperature: float,
                top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] float32 -> (tokens [B] long, their log-prob [B] float32 under the raw logits).
@@ -172,6 +180,15 @@ CACHE_BUCKET = 32
 RECOMPILE_LIMIT = 64  # graphs per compiled function: (batch buckets) x (cache buckets) x models
 
 
+def allow_recompiles() -> None:
+    """Raise dynamo's graphs-per-function limit (8) to RECOMPILE_LIMIT, process-wide (dynamo has no
+    per-function limit): the compiled decode step and compiled layers need more shapes than 8."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    cfg.cache_size_limit = max(cfg.cache_size_limit, RECOMPILE_LIMIT)
+
+
 def compiled(name: str, fn: Callable, owner: torch.nn.Module) -> Callable:
     """``torch.compile(fn, dynamic=False)`` for one model (``owner``), made once and kept on it.
     On a CPU with inductor's C++ wrapper (10% less per step than the Python one); on a GPU in
@@ -179,9 +196,7 @@ def compiled(name: str, fn: Callable, owner: torch.nn.Module) -> Callable:
     as CUDA graph replays require)."""
     cache = owner.__dict__.setdefault("_meshrl_compiled", {})
     if name not in cache:
-        import torch._dynamo
-        cfg = torch._dynamo.config
-        cfg.cache_size_limit = max(cfg.cache_size_limit, RECOMPILE_LIMIT)
+        allow_recompiles()
         param = next(owner.parameters(), None)
         if param is not None and param.device.type == "cuda":
             cache[name] = torch.compile(fn, dynamic=False, mode="reduce-overhead")
@@ -304,7 +319,6 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     keys = None if cfg.greedy else seed_keys(seeds, len(prompts), device)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, device)
     caches = make_caches(model, len(prompts), cache_length(ids.shape[1] + cfg.max_new_tokens, cfg.use_compile))
-    pick_fn = compiled("pick_token", pick_token, model) if cfg.use_compile else pick_token  # after prefill
     both = compiled("decode_and_pick", decode_and_pick, model) if cfg.use_compile else None
 
     def prefill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -312,13 +326,10 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
         return model.lm_head(model.model(x, mask, caches, 0)[:, -1]).float()
 
     return decode_loop(prefill, lambda tok, mask, slot: decode_one(model, tok, mask, caches, slot),
-                       lambda logits, rows, step: pick_fn(logits, None if keys is None else keys[rows], step,
-                                                          cfg.temperature, cfg.top_k, cfg.top_p),
+                       lambda logits, rows, step: pick_token(logits, None if keys is None else keys[rows], step,
+                                                             cfg.temperature, cfg.top_k, cfg.top_p),
                        lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg, static=cfg.use_compile,
-                       decode_pick=None if both is None else
-                       lambda tok, mask, slot, rows, step: both(model, tok, mask, caches, slot,
-                                                               None if keys is None else keys[rows], step,
-                                                               cfg.temperature, cfg.top_k, cfg.top_p))
+                       decode_pick=None if both is None else bind_decode_pick(both, model, caches, keys, cfg))
 
 
 def sequence_logprobs(model: CausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None

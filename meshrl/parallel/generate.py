@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
-from ..model.generation import (GenerationConfig, GenerationOutput, compact_caches, compiled, decode_loop,
-                                cache_length, left_pad, make_caches, pick_token, seed_keys)
+from ..model.generation import (GenerationConfig, GenerationOutput, bind_decode_pick, compact_caches, compiled,
+                                decode_and_pick, decode_loop, cache_length, left_pad, make_caches, pick_token,
+                                seed_keys)
 from .generate_micro import micro_decode
 from .groups import Axis
 from .pipeline import Pipe
@@ -29,19 +30,6 @@ from .tensor import gather_vocab
 def _stage_forward(stage: Stage, x: torch.Tensor, mask: torch.Tensor, caches: list,
                    start: int | torch.Tensor) -> torch.Tensor:
     return stage(x, mask, caches, start)
-
-
-def _stage_logits(stage: Stage, x: torch.Tensor, mask: torch.Tensor, caches: list,
-                  start: int | torch.Tensor) -> torch.Tensor:
-    """A one-stage, tp = 1 model: x [B, s] -> float32 logits [B, V] of the last position."""
-    return stage.head(stage(x, mask, caches, start)[:, -1]).float()
-
-
-def _stage_decode_pick(stage: Stage, tok: torch.Tensor, mask: torch.Tensor, caches: list, slot: torch.Tensor,
-                       keys: torch.Tensor | None, step: torch.Tensor, temperature: float, top_k: int, top_p: float
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A one-stage, tp = 1 decode step and its pick (one compiled graph): tok [B] -> (tokens, log-probs)."""
-    return pick_token(_stage_logits(stage, tok[:, None], mask, caches, slot), keys, step, temperature, top_k, top_p)
 
 
 def _step(stage: Stage, pipe: Pipe, tp: Axis, x: torch.Tensor, mask: torch.Tensor, caches: list,
@@ -84,33 +72,27 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
                             lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, fwd),
                             lambda b: make_caches(stage, b, cache_len), ids, prompt_mask, keys, cfg, m, static)
     caches = make_caches(stage, len(prompts), cache_len)
-    # One stage, no tp: the LM head and the pick join the compiled decode step (as in model.generate);
-    # there is nobody to broadcast to. Per decode step at b 32 (bf16, 2 threads): the eager head, pick
-    # and float64 packing were ~0.4 ms of ~2.6.
-    alone = static and pipe.axis.size == 1
-    pick_fn = compiled("pick_token", pick_token, stage) if alone else pick_token
 
     def pick(logits: torch.Tensor | None, rows: torch.Tensor, step: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        if alone:
-            return pick_fn(logits, None if keys is None else keys[rows], step, cfg.temperature, cfg.top_k, cfg.top_p)
+        row_keys = None if keys is None else keys[rows]
+        if pipe.axis.size == 1:  # one stage: it has the logits (gathered over tp) and picks alone
+            return pick_token(logits, row_keys, step, cfg.temperature, cfg.top_k, cfg.top_p)
         # The last stage picks; every stage gets the tokens (exact in float64) and their log-probs.
         packed = torch.empty(2, rows.numel(), dtype=torch.float64, device=dev)
         if pipe.last:
-            tok, lp = pick_token(logits, None if keys is None else keys[rows], step, cfg.temperature,
-                                 cfg.top_k, cfg.top_p)
+            tok, lp = pick_token(logits, row_keys, step, cfg.temperature, cfg.top_k, cfg.top_p)
             packed[0], packed[1] = tok.double(), lp.double()
         pipe.broadcast_from_last(packed)
         return packed[0].long(), packed[1].float()
 
-    both = compiled("stage_decode_pick", _stage_decode_pick, stage) if alone else None
+    # One stage, no tp: the decode step, the LM head and the pick are one compiled graph, as in
+    # model.generate (per step at b 32, bf16, 2 threads, the eager head, pick and float64 packing of
+    # the stage path were ~0.4 ms of ~2.6).
+    both = compiled("decode_and_pick", decode_and_pick, stage) if static and pipe.axis.size == 1 else None
     out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0),
                       lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd),
-                      pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg,
-                      static=fwd is not _stage_forward,
-                      decode_pick=None if both is None else
-                      lambda tok, mask, slot, rows, step: both(stage, tok, mask, caches, slot,
-                                                              None if keys is None else keys[rows], step,
-                                                              cfg.temperature, cfg.top_k, cfg.top_p))
+                      pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg, static=static,
+                      decode_pick=None if both is None else bind_decode_pick(both, stage, caches, keys, cfg))
     pipe.wait_sends()
     return out

@@ -120,6 +120,12 @@ class Stage(nn.Module):
             layer.forward = run
 
     @property
+    def lm_head(self) -> nn.Linear | None:
+        """``head`` under CausalLM's name for it, so that a one-stage model runs generation's own
+        decode step (``generation.decode_and_pick``: ``model.model`` then ``model.lm_head``)."""
+        return self.head
+
+    @property
     def dtype(self) -> torch.dtype:
         return next(iter(self.param_of.values())).dtype
 
