@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError
+from .compiled_layers import allow_recompiles, prefill_layer
 from .sampling import filter_logits, row_keys, sample_tokens
 from .transformer import CausalLM, KVCache
 
@@ -177,16 +178,6 @@ def pick_token(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.Tens
 # a multiple of CACHE_BUCKET (unwritten slots are masked), compaction shrinks the batch to a power
 # of two, so a run compiles a handful of graphs and then reuses them.
 CACHE_BUCKET = 32
-RECOMPILE_LIMIT = 64  # graphs per compiled function: (batch buckets) x (cache buckets) x models
-
-
-def allow_recompiles() -> None:
-    """Raise dynamo's graphs-per-function limit (8) to RECOMPILE_LIMIT, process-wide (dynamo has no
-    per-function limit): the compiled decode step and compiled layers need more shapes than 8."""
-    import torch._dynamo
-
-    cfg = torch._dynamo.config
-    cfg.cache_size_limit = max(cfg.cache_size_limit, RECOMPILE_LIMIT)
 
 
 def compiled(name: str, fn: Callable, owner: torch.nn.Module) -> Callable:
@@ -323,7 +314,8 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
 
     def prefill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # Only the last position goes through the LM head (the others' logits are never used).
-        return model.lm_head(model.model(x, mask, caches, 0)[:, -1]).float()
+        h = model.model(x, mask, caches, 0, layer_fn=prefill_layer if cfg.use_compile else None)
+        return model.lm_head(h[:, -1]).float()
 
     return decode_loop(prefill, lambda tok, mask, slot: decode_one(model, tok, mask, caches, slot),
                        lambda logits, rows, step: pick_token(logits, None if keys is None else keys[rows], step,

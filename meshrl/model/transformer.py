@@ -13,6 +13,7 @@ does), so a left-padded prompt gets the same positions as the unpadded one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -252,6 +253,10 @@ def positions_from_mask(key_mask: torch.Tensor) -> torch.Tensor:
     return (key_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _call_layer(layer: DecoderLayer, *args) -> torch.Tensor:
+    return layer(*args)
+
+
 class Backbone(nn.Module):
     """HF's ``model.`` submodule: embeddings, decoder layers, final norm.
 
@@ -268,11 +273,14 @@ class Backbone(nn.Module):
         self.norm: RMSNorm | None = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                caches: list[KVCache] | None = None, start: int | torch.Tensor = 0) -> torch.Tensor:
+                caches: list[KVCache] | None = None, start: int | torch.Tensor = 0,
+                layer_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
         """x: input_ids [B, S] or hidden [B, S, hidden]. attention_mask [B, start+S] covers the
         cached prefix too. With ``start`` a 0-dim tensor (static caches: the decode step, whose
         shapes never change), attention_mask covers the whole cache [B, max_len] and the queries
-        sit at slots start..start+S. Returns hidden [B, S, hidden]."""
+        sit at slots start..start+S. ``layer_fn(layer, h, cos, sin, mask, cache, start, tokens,
+        unpad)`` runs each layer (default: the layer itself; compiled_layers.prefill_layer compiles
+        a prefill's). Returns hidden [B, S, hidden]."""
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
         b, s = h.shape[:2]
         unpad = None
@@ -298,8 +306,9 @@ class Backbone(nn.Module):
             if unpad is not None:
                 h = unpad.pack(h)
         cos, sin = rope_cos_sin(pos, self.cfg, h.dtype)
+        run = layer_fn or _call_layer
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, mask, None if caches is None else caches[i], start, tokens, unpad)
+            h = run(layer, h, cos, sin, mask, None if caches is None else caches[i], start, tokens, unpad)
         h = self.norm(h) if self.norm is not None else h
         return h if unpad is None else unpad.unpack(h)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
+from ..model.compiled_layers import prefill_layer
 from ..model.generation import (GenerationConfig, GenerationOutput, bind_decode_pick, compact_caches, compiled,
                                 decode_and_pick, decode_loop, cache_length, left_pad, make_caches, pick_token,
                                 seed_keys)
@@ -30,6 +31,12 @@ from .tensor import gather_vocab
 def _stage_forward(stage: Stage, x: torch.Tensor, mask: torch.Tensor, caches: list,
                    start: int | torch.Tensor) -> torch.Tensor:
     return stage(x, mask, caches, start)
+
+
+def _stage_prefill(stage: Stage, x: torch.Tensor, mask: torch.Tensor, caches: list,
+                   start: int | torch.Tensor) -> torch.Tensor:
+    """The prefill with its layers compiled (dynamic shapes; compiled_layers.prefill_layer)."""
+    return stage(x, mask, caches, start, layer_fn=prefill_layer)
 
 
 def _step(stage: Stage, pipe: Pipe, tp: Axis, x: torch.Tensor, mask: torch.Tensor, caches: list,
@@ -66,9 +73,10 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     # tensor-parallel all-reduces stay eager.
     static = cfg.use_compile and tp.size == 1
     fwd = compiled("stage_forward", _stage_forward, stage) if static else _stage_forward
+    pre = _stage_prefill if static else _stage_forward
     cache_len = cache_length(ids.shape[1] + cfg.max_new_tokens, static)
     if pipe.axis.size > 1 and m > 1 and len(prompts) > 1:
-        return micro_decode(pipe, lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start),
+        return micro_decode(pipe, lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, pre),
                             lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, fwd),
                             lambda b: make_caches(stage, b, cache_len), ids, prompt_mask, keys, cfg, m, static)
     caches = make_caches(stage, len(prompts), cache_len)
@@ -90,7 +98,7 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     # model.generate (per step at b 32, bf16, 2 threads, the eager head, pick and float64 packing of
     # the stage path were ~0.4 ms of ~2.6).
     both = compiled("decode_and_pick", decode_and_pick, stage) if static and pipe.axis.size == 1 else None
-    out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0),
+    out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0, pre),
                       lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd),
                       pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg, static=static,
                       decode_pick=None if both is None else bind_decode_pick(both, stage, caches, keys, cfg))

@@ -86,3 +86,29 @@ def test_fused_projections_give_the_unfused_tokens(monkeypatch, compile_, family
             layer.mlp.up_proj.weight.mul_(-1)
     changed = G.generate(model, prompts, cfg, seeds)
     assert not torch.equal(changed.response_logprobs, fused.response_logprobs)
+
+
+def test_prefill_runs_compiled_and_fills_the_cache_as_eager(pair, monkeypatch):
+    """gen.compile's prefill: each dense layer filling its cache from slot 0 goes through the compiled
+    layer function (dynamic shapes), with the eager hidden states and cache contents."""
+    import meshrl.model.compiled_layers as cl
+    from meshrl.model.generation import left_pad, make_caches
+
+    ours, _ = pair
+    calls = []
+    real = cl._compiled_layer_call
+    monkeypatch.setattr(cl, "_compiled_layer_call", lambda: calls.append(1) or real())
+    ids, mask = left_pad(_prompts(), 0, torch.device("cpu"))
+    eager_caches, comp_caches = make_caches(ours, len(ids), 32), make_caches(ours, len(ids), 32)
+    with torch.inference_mode():
+        eager = ours.model(ids, mask, eager_caches, 0)
+        comp = ours.model(ids, mask, comp_caches, 0, layer_fn=cl.prefill_layer)
+        assert len(calls) == len(ours.model.layers)
+        assert torch.allclose(comp, eager, atol=1e-5)
+        for a, b in zip(comp_caches, eager_caches, strict=True):
+            assert torch.allclose(a.k, b.k, atol=1e-5) and torch.allclose(a.v, b.v, atol=1e-5)
+        # a decode step (tensor slot) is not a prefill: the eager layers run it
+        slot = torch.tensor(ids.shape[1])
+        full = torch.nn.functional.pad(mask, (0, 32 - ids.shape[1]), value=1)
+        ours.model(ids[:, -1:], full, comp_caches, slot, layer_fn=cl.prefill_layer)
+        assert len(calls) == len(ours.model.layers)
