@@ -123,8 +123,9 @@ class GenConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    compile: bool = False  # decode steps through torch.compile: same tokens, faster steps after a
-    # one-off compile of about a minute on a CPU (docs/model.md has the measurements)
+    compile: bool = False  # decode steps (fixed shapes) and the prefill's layers (dynamic shapes)
+    # through torch.compile: same tokens, faster after a one-off compile of about a minute on a CPU
+    # (docs/model.md has the measurements)
 
 
 @dataclass

@@ -254,6 +254,31 @@ def loop_buffers(prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool
     return mask, out_tok, out_lp, out_alive, slot, cfg.sync_every or (1 if dev.type == "cpu" else 8)
 
 
+class _Record:
+    """The tokens, log-probs and alive flags of the steps decoded since the batch last changed
+    (rows [b] fixed), written into the outputs [B, N] in one go at a compaction and at the end:
+    three scatters a segment instead of six small kernels a token (~150 us a step at b 32 on
+    this CPU, next to a ~2.5 ms step). A row's tokens after its EOS become pads there."""
+
+    def __init__(self, out_tok: torch.Tensor, out_lp: torch.Tensor, out_alive: torch.Tensor, pad_id: int) -> None:
+        self.out_tok, self.out_lp, self.out_alive, self.pad_id = out_tok, out_lp, out_alive, pad_id
+        self.first, self.steps = 0, []
+
+    def add(self, tok: torch.Tensor, lp: torch.Tensor, alive: torch.Tensor) -> None:
+        self.steps.append((tok, lp, alive))
+
+    def flush(self, rows: torch.Tensor) -> None:
+        """Write the recorded steps of rows [b]; the next segment starts after them."""
+        if not self.steps:
+            return
+        tok, lp, alive = (torch.stack(t, 1) for t in zip(*self.steps, strict=True))  # [b, steps]
+        cols = slice(self.first, self.first + len(self.steps))
+        self.out_tok[rows, cols] = torch.where(alive, tok, self.pad_id)
+        self.out_lp[rows, cols] = torch.where(alive, lp, 0.0)
+        self.out_alive[rows, cols] = alive.long()
+        self.first, self.steps = cols.stop, []
+
+
 def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[[torch.Tensor], None],
                 ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool = False,
                 decode_pick: DecodePick | None = None) -> GenerationOutput:
@@ -265,19 +290,20 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
     only the filled cache (fewer keys, and the very numbers of an unpadded forward).
     ``decode_pick``: decode and pick in one call (one compiled graph: one guard check and one call
     a token instead of two), used for the decode steps instead of ``decode`` then ``pick``.
-    Host syncs: one every ``cfg.sync_every`` steps (all ended? compact?) and one at the end."""
+    Host syncs: one every ``cfg.sync_every`` steps (all ended? compact?) and one at the end.
+    A finished row keeps decoding its own (ignored) tokens until it is compacted away: rows do not
+    interact, so what it feeds itself changes no other row."""
     b, p = ids.shape
     n, dev = cfg.max_new_tokens, ids.device
     mask, out_tok, out_lp, out_alive, slot, every = loop_buffers(prompt_mask, cfg, static)
+    record = _Record(out_tok, out_lp, out_alive, cfg.pad_token_id)
     rows = torch.arange(b, device=dev)  # original index of each row still in the batch
     alive = torch.ones(b, dtype=torch.bool, device=dev)
     steps = torch.arange(n, device=dev)  # the sampling noise's step, a 0-dim tensor each (no retrace)
+    slots = slot + steps  # the decode step's cache slot, a 0-dim tensor each
     tok, lp = pick(prefill(ids, prompt_mask), rows, steps[0])
     for step in range(n):
-        tok = torch.where(alive, tok, cfg.pad_token_id)
-        out_tok[rows, step] = tok
-        out_lp[rows, step] = torch.where(alive, lp, 0.0)
-        out_alive[rows, step] = alive.long()
+        record.add(tok, lp, alive)
         if cfg.eos_token_id is not None:
             alive = alive & (tok != cfg.eos_token_id)
         if step + 1 == n:
@@ -287,14 +313,16 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
             if live == 0:
                 break
             if live <= cfg.compact_below * len(rows):
+                record.flush(rows)
                 keep = compaction_keep(alive, static)
                 compact(keep)
                 rows, alive, tok, mask = rows[keep], alive[keep], tok[keep], mask[keep]
         if decode_pick is not None:
-            tok, lp = decode_pick(tok, mask, slot + step, rows, steps[step + 1])
+            tok, lp = decode_pick(tok, mask, slots[step], rows, steps[step + 1])
         else:
-            logits = decode(tok, mask, slot + step) if static else decode(tok, mask[:, :p + step + 1], p + step)
+            logits = decode(tok, mask, slots[step]) if static else decode(tok, mask[:, :p + step + 1], p + step)
             tok, lp = pick(logits, rows, steps[step + 1])
+    record.flush(rows)
     width = max(int(out_alive.sum(1).max()), 1)  # as if the loop had stopped when the last row ended
     return GenerationOutput(out_tok[:, :width].clone(), out_lp[:, :width].clone(), out_alive[:, :width].clone())
 
