@@ -172,6 +172,25 @@ class Attention(nn.Module):
         return self.o_proj(out if unpad is None else unpad.pack(out))
 
 
+# MKL's float32 GEMM (2024.2, on this Xeon) computes x @ W^T for 16..48 rows 1.2-1.6x faster when
+# asked for (W @ x^T)^T instead (rows of a decode step at batch 16-48; W of MLP shapes from 688 x 256
+# to 8192 x 2048); bit for bit the same at K = 256, within ~1e-4 relative at K >= 896, as F.linear's
+# own rows differ between batch sizes. Used for gate_proj and up_proj only: their outputs go to one
+# fused SwiGLU kernel, while the others feed reductions (RMSNorm) and attention that run slower on
+# the transposed layout. Decoding LLAMA_3M at batch 32: -2 to -5% a generation (docs/model.md).
+SKINNY_ROWS = (16, 48)
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x [..., K], weight [N, K] -> x @ weight^T [..., N] computed as (weight @ x^T)^T where that is
+    the faster orientation (float32 on a CPU, SKINNY_ROWS rows, no autograd); None elsewhere."""
+    rows = x.numel() // x.shape[-1]
+    lo, hi = SKINNY_ROWS
+    if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled() or not lo <= rows <= hi:
+        return None
+    return torch.mm(weight, x.reshape(rows, -1).t()).t().reshape(*x.shape[:-1], -1)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -183,7 +202,10 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, gate_up: torch.Tensor | None = None) -> torch.Tensor:
         """``gate_up``: gate_proj's and up_proj's weights concatenated (one matmul), or None."""
         if gate_up is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            gate = skinny_linear(x, self.gate_proj.weight)
+            if gate is None:
+                return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(F.silu(gate) * skinny_linear(x, self.up_proj.weight))
         gate, up = F.linear(x, gate_up).chunk(2, -1)
         return self.down_proj(F.silu(gate) * up)
 
