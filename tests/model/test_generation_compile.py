@@ -96,8 +96,8 @@ def test_prefill_runs_compiled_and_fills_the_cache_as_eager(pair, monkeypatch):
 
     ours, _ = pair
     calls = []
-    real = cl._compiled_layer_call
-    monkeypatch.setattr(cl, "_compiled_layer_call", lambda: calls.append(1) or real())
+    real = cl._compiled_prefill_call
+    monkeypatch.setattr(cl, "_compiled_prefill_call", lambda device_type: calls.append(1) or real(device_type))
     ids, mask = left_pad(_prompts(), 0, torch.device("cpu"))
     eager_caches, comp_caches = make_caches(ours, len(ids), 32), make_caches(ours, len(ids), 32)
     with torch.inference_mode():
