@@ -45,12 +45,12 @@ def allow_recompiles() -> None:
 
 def _layer_call(layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None, idx: torch.Tensor | None, token_mask: torch.Tensor | None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, last: bool = False) -> torch.Tensor:
     """DecoderLayer.forward from slot 0 (no cache, or a prefill filling ``cache`` from its first
     slot), its Unpad rebuilt from tensors: cos [B, S, D] is in the padded layout, so B and S are
     symbolic sizes of an input, not integers the graph would bake in."""
     unpad = None if idx is None else Unpad(idx, cos.shape[0], cos.shape[1])
-    return DecoderLayer.forward(layer, h, cos, sin, mask, cache, 0, token_mask, unpad)
+    return DecoderLayer.forward(layer, h, cos, sin, mask, cache, 0, token_mask, unpad, last)
 
 
 @cache
@@ -70,13 +70,13 @@ def _compiled_prefill_call(device_type: str):
 
 def prefill_layer(layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   mask: torch.Tensor | None, cache: KVCache | None, start: int | torch.Tensor,
-                  token_mask: torch.Tensor | None, unpad: Unpad | None) -> torch.Tensor:
+                  token_mask: torch.Tensor | None, unpad: Unpad | None, last: bool = False) -> torch.Tensor:
     """A ``Backbone.forward`` ``layer_fn`` for a generation's prefill (gen.compile, tp = 1): a dense
     layer filling its cache from slot 0 runs the compiled function; any other call, the layer."""
     if layer.moe or cache is None or not isinstance(start, int) or start != 0:
-        return layer(h, cos, sin, mask, cache, start, token_mask, unpad)
+        return layer(h, cos, sin, mask, cache, start, token_mask, unpad, last)
     return _compiled_prefill_call(h.device.type)(layer, h, cos, sin, mask, None if unpad is None else unpad.idx,
-                                                 token_mask, cache)
+                                                 token_mask, cache, last)
 
 
 def compile_layers(layers: nn.ModuleList) -> int:
@@ -90,10 +90,10 @@ def compile_layers(layers: nn.ModuleList) -> int:
             continue
         layer._meshrl_compiled = True
 
-        def run(h, cos, sin, mask, cache=None, start=0, token_mask=None, unpad=None,
+        def run(h, cos, sin, mask, cache=None, start=0, token_mask=None, unpad=None, last=False,
                 _layer=layer, _eager=layer.forward):
-            if cache is not None:  # generation: the eager layer (its decode step is compiled apart)
-                return _eager(h, cos, sin, mask, cache, start, token_mask, unpad)
+            if cache is not None or last:  # generation: the eager layer (or prefill_layer's graph)
+                return _eager(h, cos, sin, mask, cache, start, token_mask, unpad, last)
             return fn(_layer, h, cos, sin, mask, None if unpad is None else unpad.idx, token_mask)
 
         layer.forward = run

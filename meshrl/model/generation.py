@@ -342,7 +342,7 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
 
     def prefill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # Only the last position goes through the LM head (the others' logits are never used).
-        h = model.model(x, mask, caches, 0, layer_fn=prefill_layer if cfg.use_compile else None)
+        h = model.model(x, mask, caches, 0, layer_fn=prefill_layer if cfg.use_compile else None, last_only=True)
         return model.lm_head(h[:, -1]).float()
 
     return decode_loop(prefill, lambda tok, mask, slot: decode_one(model, tok, mask, caches, slot),

@@ -82,6 +82,18 @@ class Unpad:
         flat = t.new_zeros(self.b * self.s, *t.shape[2:]).index_copy(0, self.idx, t[0])
         return flat.view(self.b, self.s, *t.shape[2:])
 
+    def last(self, t: torch.Tensor) -> torch.Tensor:
+        """[1, N, *] -> [B, 1, *]: each row's last position S-1 (zeros where it is a pad)."""
+        want = torch.arange(self.b, device=t.device) * self.s + (self.s - 1)  # [B] flat positions
+        at = torch.searchsorted(self.idx, want).clamp(max=self.idx.numel() - 1)  # idx is ascending
+        hit = (self.idx[at] == want).view(-1, *([1] * (t.dim() - 2)))
+        return torch.where(hit, t[0, at], 0)[:, None].to(t.dtype)
+
+
+def last_position(x: torch.Tensor, unpad: Unpad | None) -> torch.Tensor:
+    """x [B, S, *] (or its packed [1, N, *] with ``unpad``) -> [B, 1, *] at position S-1."""
+    return x[:, -1:] if unpad is None else unpad.last(x)
+
 
 class KVCache:
     """Static per-layer key/value buffers, gpt-fast style: k, v [B, kv_heads, max_len, head_dim].
@@ -130,32 +142,43 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache | None = None, start: int = 0, unpad: Unpad | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, start: int = 0, unpad: Unpad | None = None,
+                last: bool = False) -> torch.Tensor:
         """x [B, S, hidden], or its real tokens [1, N, hidden] with ``unpad`` (then so is the
         output); mask [B, 1, S, T] boolean (True = attend), T = start + S; or None for plain causal
-        attention over S = T keys (then SDPA takes its is_causal path)."""
-        if cache is not None and cache.qkv is not None:  # one matmul for three (generation.fused_weights)
+        attention over S = T keys (then SDPA takes its is_causal path). ``last``: keys and values
+        of every position (and the cache filled with them), the output of position S-1 only,
+        [B, 1, hidden] (a prefill's last layer: no other position's output is ever read)."""
+        fused = cache is not None and cache.qkv is not None
+        if fused:  # one matmul for three (generation.fused_weights)
             q, k, v = F.linear(x, *cache.qkv).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q = self.q_proj(last_position(x, unpad) if last else x)
+            k, v = self.k_proj(x), self.v_proj(x)
         if unpad is not None:  # projections on real tokens only; attention in the padded layout
-            q, k, v = unpad.unpack(q), unpad.unpack(k), unpad.unpack(v)
-        b, s, _ = q.shape
-        q = q.view(b, s, -1, self.head_dim)  # [B, S, Hq, D]
+            k, v = unpad.unpack(k), unpad.unpack(v)
+            q = unpad.last(q) if last and fused else q if last else unpad.unpack(q)
+        elif last and fused:
+            q = q[:, -1:]
+        b, s = k.shape[:2]
+        q_len = 1 if last else s
+        q = q.view(b, q_len, -1, self.head_dim)  # [B, S, Hq, D]
         k = k.view(b, s, -1, self.head_dim)  # [B, S, Hkv, D]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
         v = v.view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos[:, -q_len:], sin[:, -q_len:]), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(start, k, v)
+        if last and mask is not None:
+            mask = mask[:, :, -1:]
         # Grouped-query attention: each KV head serves Hq/Hkv query heads. SDPA's enable_gqa does
         # this without materialising repeated K/V (a full copy of the cache at every decode step,
         # ~18% of self-CPU time in a profile of decode steps of the `small` preset).
         gqa = q.shape[1] != k.shape[1]
-        if gqa and s == 1 and mask is not None:
+        if gqa and q_len == 1 and mask is not None:
             # A decode step: the g query heads of a KV head become g queries of one head, so the
             # kernel loops over B x Hkv heads instead of B x Hq (CPU flash attention: 216 against
             # 276 us for b 32, 8/4 heads, 96 keys). out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
@@ -167,9 +190,11 @@ class Attention(nn.Module):
                 # CPU flash attention's low-precision backward is ~7x its float32 one (b 32, 8 heads,
                 # 48 tokens: 18.2 against 2.7 ms with this cast, forward included; docs/model.md).
                 q, k, v = q.float(), k.float(), v.float()
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
-            out = out.to(dtype).transpose(1, 2).reshape(b, s, -1)
-        return self.o_proj(out if unpad is None else unpad.pack(out))
+            # The last query alone sees every key: no mask, and not SDPA's top-left causal alignment.
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and not last,
+                                                 enable_gqa=gqa)
+            out = out.to(dtype).transpose(1, 2).reshape(b, q_len, -1)
+        return self.o_proj(out if unpad is None or last else unpad.pack(out))
 
 
 # MKL's float32 GEMM (2024.2, on this Xeon) computes x @ W^T for 16..48 rows 1.2-1.6x faster when
@@ -229,10 +254,16 @@ class DecoderLayer(nn.Module):
         return getattr(self, self.ffn_name)
 
     def forward(self, x, cos, sin, mask, cache: KVCache | None = None, start: int = 0,
-                token_mask: torch.Tensor | None = None, unpad: Unpad | None = None) -> torch.Tensor:
+                token_mask: torch.Tensor | None = None, unpad: Unpad | None = None,
+                last: bool = False) -> torch.Tensor:
         """x [B, S, hidden] (or [1, N, hidden] with ``unpad``, see Unpad). token_mask [B, S]
-        (1 = real token, padded layout): only a MoE block's balance loss reads it."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, start, unpad)
+        (1 = real token, padded layout): only a MoE block's balance loss reads it. ``last``: the
+        output of position S-1 only, [B, 1, hidden] (see Attention; the cache gets every position)."""
+        a = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, start, unpad, last)
+        if last:
+            x, unpad = last_position(x, unpad), None
+            token_mask = None if token_mask is None else token_mask[:, -1:]
+        x = x + a
         h = self.post_attention_layernorm(x)
         if not self.moe:
             return x + self.ffn(h, None if cache is None else cache.gate_up)
@@ -296,13 +327,15 @@ class Backbone(nn.Module):
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 caches: list[KVCache] | None = None, start: int | torch.Tensor = 0,
-                layer_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+                layer_fn: Callable[..., torch.Tensor] | None = None, last_only: bool = False) -> torch.Tensor:
         """x: input_ids [B, S] or hidden [B, S, hidden]. attention_mask [B, start+S] covers the
         cached prefix too. With ``start`` a 0-dim tensor (static caches: the decode step, whose
         shapes never change), attention_mask covers the whole cache [B, max_len] and the queries
         sit at slots start..start+S. ``layer_fn(layer, h, cos, sin, mask, cache, start, tokens,
-        unpad)`` runs each layer (default: the layer itself; compiled_layers.prefill_layer compiles
-        a prefill's). Returns hidden [B, S, hidden]."""
+        unpad, last)`` runs each layer (default: the layer itself; compiled_layers.prefill_layer
+        compiles a prefill's). Returns hidden [B, S, hidden]; with ``last_only`` [B, 1, hidden], the
+        last position's, the last layer computing no other position's output (a prefill: every
+        layer still fills its cache; LLAMA_3M batch 32: -7% a prefill, docs/model.md)."""
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
         b, s = h.shape[:2]
         unpad = None
@@ -330,7 +363,11 @@ class Backbone(nn.Module):
         cos, sin = rope_cos_sin(pos, self.cfg, h.dtype)
         run = layer_fn or _call_layer
         for i, layer in enumerate(self.layers):
-            h = run(layer, h, cos, sin, mask, None if caches is None else caches[i], start, tokens, unpad)
+            last = last_only and i == len(self.layers) - 1
+            h = run(layer, h, cos, sin, mask, None if caches is None else caches[i], start, tokens, unpad, last)
+        if last_only and not self.layers:
+            h = last_position(h, unpad)
+        unpad = None if last_only else unpad
         h = self.norm(h) if self.norm is not None else h
         return h if unpad is None else unpad.unpack(h)
 

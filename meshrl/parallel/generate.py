@@ -14,6 +14,8 @@ keeps the plain loop, where the whole batch passes the stages in turn (1 / pp of
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..errors import UserError
@@ -34,9 +36,11 @@ def _stage_forward(stage: Stage, x: torch.Tensor, mask: torch.Tensor, caches: li
 
 
 def _stage_prefill(stage: Stage, x: torch.Tensor, mask: torch.Tensor, caches: list,
-                   start: int | torch.Tensor) -> torch.Tensor:
-    """The prefill with its layers compiled (dynamic shapes; compiled_layers.prefill_layer)."""
-    return stage(x, mask, caches, start, layer_fn=prefill_layer)
+                   start: int | torch.Tensor, compiled: bool = False) -> torch.Tensor:
+    """A prefill pass: the last stage computes only the last position's output (all its head
+    reads); ``compiled``: the layers through compiled_layers.prefill_layer (dynamic shapes)."""
+    return stage(x, mask, caches, start, layer_fn=prefill_layer if compiled else None,
+                 last_only=stage.head is not None)
 
 
 def _step(stage: Stage, pipe: Pipe, tp: Axis, x: torch.Tensor, mask: torch.Tensor, caches: list,
@@ -73,7 +77,7 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     # tensor-parallel all-reduces stay eager.
     static = cfg.use_compile and tp.size == 1
     fwd = compiled("stage_forward", _stage_forward, stage) if static else _stage_forward
-    pre = _stage_prefill if static else _stage_forward
+    pre = functools.partial(_stage_prefill, compiled=static)
     cache_len = cache_length(ids.shape[1] + cfg.max_new_tokens, static)
     if pipe.axis.size > 1 and m > 1 and len(prompts) > 1:
         return micro_decode(pipe, lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, pre),

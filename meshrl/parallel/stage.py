@@ -134,8 +134,8 @@ class Stage(nn.Module):
         return next(iter(self.param_of.values())).device
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, caches: list | None = None,
-                start: int = 0, layer_fn=None) -> torch.Tensor:
+                start: int = 0, layer_fn=None, last_only: bool = False) -> torch.Tensor:
         """x: input_ids [B, S] (first stage) or hidden [B, S, hidden]; attention_mask [B, start+S].
         -> hidden [B, S, hidden] (normed on the last stage; the head is applied by the caller).
-        ``layer_fn``: how each layer runs (Backbone.forward's)."""
-        return self.model(x, attention_mask, caches, start, layer_fn=layer_fn)
+        ``layer_fn``, ``last_only``: Backbone.forward's."""
+        return self.model(x, attention_mask, caches, start, layer_fn=layer_fn, last_only=last_only)
