@@ -29,7 +29,8 @@ from functools import cache
 import torch
 from torch import nn
 
-from .transformer import DecoderLayer, KVCache, Unpad
+from .batch_layout import KVCache, Unpad
+from .transformer import DecoderLayer
 
 RECOMPILE_LIMIT = 64  # graphs per compiled function: (batch buckets) x (cache buckets) x models
 

@@ -33,7 +33,8 @@ import torch
 from ..errors import UserError
 from .compiled_layers import allow_recompiles, prefill_layer
 from .sampling import filter_logits, row_keys, sample_tokens
-from .transformer import CausalLM, KVCache
+from .batch_layout import KVCache
+from .transformer import CausalLM
 
 __all__ = ["GenerationConfig", "GenerationOutput", "generate", "sequence_logprobs", "filter_logits"]
 
