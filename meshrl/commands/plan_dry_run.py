@@ -42,7 +42,7 @@ def report(cfg, problem, plan, every_rank: bool, decode: str) -> dict:
             "collectives": {"checked": res.checked, "mismatched": [m.to_dict() for m in res.mismatched],
                             "object_collectives": OBJECTS},
             "seconds": res.seconds, "worst_case": worst, "simulated": res.simulated,
-            "classes": len(set(res.stand_in.values())), "device_mem_gib": cap, "fits": fits,
+            "classes": res.classes, "device_mem_gib": cap, "fits": fits,
             "failures": res.failures}
 
 

@@ -11,9 +11,9 @@ each MoE expert gets every token. What it measures (fake_exec.py, collective_aud
   copies, activations, buffers: every storage an op made and has not freed), next to the
   estimator's prediction for that call and rank (Problem.rank_call_memory);
 - every communication call through meshrl.parallel.comm, audited across each group's members;
-- *no whole model*: a call or reallocation that allocates a whole weight its layout shards over tp,
-  or a sequence of full-vocabulary logits on a tp > 1 rank, and a model that holds a tp-sharded
-  weight whole, fail the run with the tensor's name and size (``Violation``).
+- *no whole model*: a model (built, or rebuilt by a reallocation) that holds whole a weight its
+  layout shards over tp, and a call that allocates logits of whole sequences over the whole
+  vocabulary on a tp > 1 rank, fail the run with the tensor's name and size (``Violation``).
 
 Left out, on purpose: the SFT warm-up, evaluations, checkpoints, metrics and the trace (nothing is
 written), and everything GPU-only (fake CUDA tensors need a CUDA build: the device code runs as
@@ -23,6 +23,7 @@ fake CPU tensors of the configured dtype; see docs/dry_run.md).
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 
 from torch.distributed import distributed_c10d as c10d
@@ -87,6 +88,7 @@ class RankRun:
     ledger: RankLedger | None = None
     violations: list[Violation] = field(default_factory=list)
     placeholders: int = 0  # values read to Python (meaningless in a dry run)
+    seen: set = field(default_factory=set)  # models checked for whole weights
 
 
 def dry_config(cfg: Config) -> Config:
@@ -104,49 +106,43 @@ def dry_config(cfg: Config) -> Config:
 
 
 class _Guard:
-    """The per-step whole-tensor check (``FakeRank.check``) for one rank."""
+    """The per-step full-vocabulary check (``FakeRank.check``) for one rank."""
 
-    def __init__(self, cfg: Config, plan: ExecutionPlan, run: RankRun, vocab: dict[str, int]) -> None:
-        self.cfg, self.plan, self.run, self.vocab = cfg, plan, run, vocab
+    def __init__(self, plan: ExecutionPlan, run: RankRun) -> None:
+        self.plan, self.run = plan, run
         self.step = ""
-        self.whole: dict[tuple[int, ...], str] = {}
         self.vocab_size: int | None = None
 
     def enter(self, step: Step, roles: dict) -> None:
-        """Arm the check for ``step``: the full shapes of the weights its placement shards."""
+        """Arm the check for ``step``: a call of a language model whose layout shards the vocabulary."""
         self.step = f"{step.name} (iteration {step.iteration})"
-        self.whole, self.vocab_size = {}, None
-        if step.kind not in ("call", "realloc"):
-            return
+        self.vocab_size = None
         rm = roles.get(step.role)
-        pl = self.plan.calls[step.call].placement
-        if rm is None or rm.cfg is None or pl.layout.tp == 1:
+        if step.kind != "call" or rm is None or rm.cfg is None or step.role in ("critic", "reward"):
             return
-        value = step.role in ("critic", "reward")
-        self.whole = {shape: name for name, shape in sharded_weights(rm.cfg, value).items()}
-        if not value:
+        if self.plan.calls[step.call].placement.layout.tp > 1:
             self.vocab_size = rm.cfg.vocab_size
 
-    def check(self, shape: tuple[int, ...], nbytes: int) -> None:
-        what = None
-        if shape in self.whole:
-            what = f"a whole {self.whole[shape]} {list(shape)} on a rank whose layout shards it over tp"
-        elif self.vocab_size is not None and len(shape) >= 3 and shape[-1] == self.vocab_size:
-            what = f"full-vocabulary logits {list(shape)} on a tp > 1 rank (the layout shards the vocabulary)"
-        if what is not None and len(self.run.violations) < 8:
+    def check(self, shape: tuple[int, ...], nbytes: int, op: str) -> None:
+        """Logits of a whole sequence over the whole vocabulary ([b, s, V]): the layout keeps V/tp."""
+        if len(shape) >= 3 and shape[-1] == self.vocab_size and len(self.run.violations) < 8:
+            what = f"full-vocabulary logits {list(shape)} ({op}) on a tp > 1 rank (the layout shards the vocabulary)"
             self.run.violations.append(Violation(self.run.rank, self.step, what, nbytes))
 
 
-def held_whole(run: RankRun, roles: dict) -> None:
-    """Built models that hold a weight whole although their layout shards it over tp."""
+def held_whole(run: RankRun, roles: dict, where: str = "build", only: str | None = None) -> None:
+    """Models that hold a weight whole although their layout shards it over tp (``only``: one role's)."""
     for rm in roles.values():
+        if only is not None and rm.name != only:
+            continue
         for pl, pm in rm.models.items():
-            if pl.layout.tp == 1:
+            if pl.layout.tp == 1 or (where, rm.name, pl) in run.seen:
                 continue
+            run.seen.add((where, rm.name, pl))
             full = sharded_weights(rm.cfg, rm.name in ("critic", "reward"))
             for name, p in pm.named.items():
                 if full.get(name) == tuple(p.shape):
-                    run.violations.append(Violation(run.rank, f"build ({rm.name} at {pl})",
+                    run.violations.append(Violation(run.rank, f"{where} ({rm.name} at {pl})",
                                                     f"{rm.name} holds {name} {list(p.shape)} whole under {pl.layout}",
                                                     p.numel() * p.element_size()))
 
@@ -164,11 +160,14 @@ def rank_job(cfg: Config, plan: ExecutionPlan, run: RankRun, budgets: dict[str, 
 
     comm.set_audit(run.ledger)
     counter = FakeRank()
-    guard = _Guard(cfg, plan, run, {})
+    guard = _Guard(plan, run)
     with FakeTensorMode(allow_non_fake_inputs=False), counter:
         cache = GroupCache(TIMEOUT_S)
         make_groups(cache, plan_groups(plan, {m.num_key_value_heads for m in model_configs(cfg)}))
-        engine = Engine(cfg, plan, cache, TIMEOUT_S, log=lambda _: None, status=None, warm=False, out=None)
+        try:
+            engine = Engine(cfg, plan, cache, TIMEOUT_S, log=lambda _: None, status=None, warm=False, out=None)
+        except Exception as e:
+            raise RuntimeError(f"rank {run.rank} failed while building its models: {type(e).__name__}: {e}") from e
         run.built = counter.live
         held_whole(run, engine.roles)
         do = engine._do
@@ -176,12 +175,14 @@ def rank_job(cfg: Config, plan: ExecutionPlan, run: RankRun, budgets: dict[str, 
         def measured(step: Step) -> None:
             run.ledger.step = f"{step.name} (iteration {step.iteration})"
             guard.enter(step, engine.roles)
-            counter.check = guard.check if guard.whole or guard.vocab_size else None
+            counter.check = guard.check if guard.vocab_size else None
             w = counter.start_window(budgets.get(step.call) if step.kind == "call" else None)
             try:
                 do(step)
             finally:
                 counter.check = None
+            if step.kind == "realloc":  # a copy rebuilt from the received shards
+                held_whole(run, engine.roles, run.ledger.step, step.role)
             run.steps.append(StepMemory(step.name, step.kind, step.call, w.start, w.peak, w.top))
 
         engine._do = measured
@@ -213,8 +214,10 @@ def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[
         runs = {r: RankRun(r, ledger=RankLedger(r)) for r in ranks}
         transfer.MAILBOX[0] = Mailbox(turns, lambda r: runs[r].ledger.step, stand_in)
         jobs = {r: (lambda r=r: rank_job(cfg, plan, runs[r], budgets.get(r, {}))) for r in ranks}
-        with worst_case(decode, device="cpu" if cfg.cluster.device == "cpu" else "cuda"):
-            results, errors = turns.run(jobs)
+        with worst_case(decode, device="cpu" if cfg.cluster.device == "cpu" else "cuda"), \
+                warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            _, errors = turns.run(jobs)
         unread = transfer.MAILBOX[0].unread()
     finally:
         transfer.MAILBOX[0] = None
@@ -222,7 +225,7 @@ def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[
             next(iter(worlds.values())).activate()
             c10d.destroy_process_group()
         c10d._world, comm._ctrl_of, comm._ctrl_ids, comm._state = saved
-    return results, errors, unread
+    return runs, errors, unread  # a failed rank keeps what it recorded
 
 
 @dataclass
@@ -238,6 +241,7 @@ class DryRun:
     failures: list[str]
     seconds: float
     decode: str
+    classes: int = 0  # symmetry classes of the plan's ranks
 
     def measured(self, call: str, rank: int) -> float | None:
         """The peak bytes of ``call`` on ``rank`` (its class's simulated rank's), None if it has none."""
@@ -263,7 +267,10 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
     simulated = cl.simulated()
     predicted = problem.rank_call_memory(plan)
     budgets = {r: {c: 1.25 * p[r] for c, p in predicted.items() if r in p} for r in simulated}
-    runs, errors, unread = run_ranks(cfg, plan, simulated, budgets, cl.stand_in, decode)
+    def stand_in(r: int) -> int:
+        return r if r in simulated else cl.stand_in(r)
+
+    runs, errors, unread = run_ranks(cfg, plan, simulated, budgets, stand_in, decode)
     failures = []
     for r, e in sorted(errors.items()):
         if not isinstance(getattr(e, "__cause__", None), Hang) or len(errors) == 1:
@@ -282,6 +289,7 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
             why = compare_members(a, b, runs[a].steps, runs[b].steps, runs[a].ledger.ops, runs[b].ledger.ops)
             if why:
                 failures.append(f"symmetry: {why}")
-    stand = {r: cl.stand_in(r) for r in range(n)}
-    return DryRun(runs, simulated, stand, predicted, checked, mismatched, failures, time.perf_counter() - t0, decode)
+    stand = {r: stand_in(r) for r in range(n)}
+    return DryRun(runs, simulated, stand, predicted, checked, mismatched, failures, time.perf_counter() - t0, decode,
+                  len(cl.members))
 

@@ -80,7 +80,7 @@ class FakeRank(TorchDispatchMode):
         self.seq = 0
         self.window = Window()
         self._allocs: dict[int, Alloc] = {}  # storage id (_cdata) -> what made it
-        self.check: Callable[[tuple[int, ...], int], None] | None = None  # (shape, bytes) of each new storage
+        self.check: Callable[[tuple[int, ...], int, str], None] | None = None  # (shape, bytes, op) of each new storage
 
     def start_window(self, budget: float | None = None) -> Window:
         """Start measuring a step: the peak from the bytes live now; ``budget``: bytes above which
@@ -107,7 +107,7 @@ class FakeRank(TorchDispatchMode):
             self.live += n
             weakref.finalize(st, self._freed, key)
             if self.check is not None:
-                self.check(tuple(t.shape), n)
+                self.check(tuple(t.shape), n, self._allocs[key].op)
         w = self.window
         if self.live > w.peak:
             w.peak = self.live

@@ -41,21 +41,22 @@ def _peaks(res) -> dict[tuple[str, int], float]:
 
 @pytest.mark.timeout(900)
 def test_symmetry_classes_give_every_rank_s_numbers():
-    """dp2 x tp2 on 4 ranks: the classes' simulated ranks stand for the others exactly."""
-    cfg, prob, plan = _setup(4, "dp2tp2pp1")
+    """tp4 on 4 ranks: the classes' simulated ranks stand for the others exactly."""
+    cfg, prob, plan = _setup(4, "dp1tp4pp1")
     every = dry_run(cfg, prob, plan, every_rank=True)
     reduced = dry_run(cfg, prob, plan)
     assert every.failures == [] and reduced.failures == []
     assert len(reduced.simulated) < 4
     assert _peaks(every) == _peaks(reduced)
-    assert every.checked > reduced.checked > 0  # dp and tp all-reduces compared across members
+    assert every.checked > reduced.checked > 0  # tp all-reduces compared across members
     # resident bytes at the first call: the estimator's weights + ZeRO-1 state of the homes (an
     # independent count: bf16 shards, fp32 master + m + v over dp), to within the small tensors
+    # (the estimator divides every parameter by tp; the norms, replicated, are 6% of this tiny model)
     first = every.runs[0].steps[0]
     home = {prob.home(plan, role) for role in prob.graph.roles() if role not in prob.weightless}
     want = sum(prob.call_estimate(h, plan.calls[h]).weights_bytes + prob.call_estimate(h, plan.calls[h]).state_bytes
                for h in home)
-    assert abs(first.start - want) / want < 0.02, (first.start, want)
+    assert abs(first.start - want) / want < 0.08, (first.start, want)
 
 
 @pytest.mark.timeout(900)
@@ -83,31 +84,24 @@ def test_a_collective_of_the_wrong_shape_on_one_rank_is_named(monkeypatch):
 
 @pytest.mark.timeout(900)
 def test_a_whole_weight_on_one_rank_fails_with_its_name_and_size(monkeypatch):
-    """A shard map that gives rank 1 the whole gate projection under tp2 is caught at build."""
-    import meshrl.parallel.model as pmodel
-    from meshrl.layout.shardmap import shard_map
+    """A loader that ignores the slice on rank 1 (it gets the whole gate projection under tp2)."""
+    from meshrl.parallel.stage import Stage
 
     cfg, prob, plan = _setup(2, "dp1tp2pp1")
     target = "model.layers.0.mlp.gate_proj.weight"
+    shape = param_shapes(prob.models["actor"])[target]
+    real = Stage._place
 
-    def broken_map(mcfg, placement, value_head=False):
-        sm = shard_map(mcfg, placement, value_head)
-        params_of = sm.params_of
+    def place(self, name, tensor):
+        if name == target and self.groups.rank == 1:
+            tensor = torch.empty(shape, dtype=tensor.dtype)
+        return real(self, name, tensor)
 
-        def patched(rank):
-            out = dict(params_of(rank))
-            if rank == 1 and target in out:
-                out[target] = tuple((0, d) for d in sm.shapes[target])
-            return out
-
-        object.__setattr__(sm, "params_of", patched)
-        return sm
-
-    monkeypatch.setattr(pmodel, "shard_map", broken_map)
+    monkeypatch.setattr(Stage, "_place", place)
     res = dry_run(cfg, prob, plan, every_rank=True)
-    shape = list(param_shapes(prob.models["actor"])[target])
     hits = [f for f in res.failures if target in f and "whole" in f]
-    assert hits and str(shape) in hits[0] and "MiB" in hits[0] and hits[0].startswith("rank 1")
+    assert hits, res.failures
+    assert str(list(shape)) in hits[0] and "MiB" in hits[0] and hits[0].startswith("rank 1")
 
 
 @pytest.mark.timeout(900)
