@@ -38,3 +38,12 @@ def test_an_empty_or_foreign_directory_is_used(tmp_path):
     (tmp_path / "data.txt").write_text("x")
     assert main(["train", *TINY, "--out", str(tmp_path)]) == 0
     assert (tmp_path / "data.txt").read_text() == "x" and (tmp_path / "actor").is_dir()
+
+
+def test_a_refused_plan_leaves_no_run_behind(tmp_path, capsys):
+    """A start refused for its plan (dpo generates nothing, so it cannot be disaggregated) writes nothing
+    in --out, so the corrected command is not then refused as 'already holds a run'."""
+    out = tmp_path / "dpo"
+    assert main(["train", "algo=dpo", "--nprocs", "2", "--plan", "disaggregated", "--out", str(out)]) != 0
+    assert "disaggregated" in capsys.readouterr().err
+    assert not out.exists()
