@@ -175,6 +175,7 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
     ``--nprocs N`` local ranks, or the ranks of a torchrun job; all write the same OUT/ and resume."""
     import os
 
+    from ..observe.metrics import eval_summary
     from ..runtime.job import launch, local_ranks, threads_per_rank, under_torchrun
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.nprocs or 1)
@@ -201,7 +202,9 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
     print(f"outputs in {out}/: config.yaml, plan.json, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
           f"trace.json (Perfetto), ckpt-*/ (--resume), {trained}/ (Hugging Face checkpoint){warm}")
     if is_demo and cfg.algo not in ("sft", "rm", "dpo") and (out / "actor").is_dir():
-        print(heldout_line(out, cfg.algo))
+        print(heldout_line(out, cfg.algo))  # the demo's last line, from the saved actors
+    elif records and eval_summary(records):
+        print("\n".join(eval_summary(records)))  # a run with eval.path ends with its evaluations
     return 0
 
 
