@@ -76,10 +76,10 @@ def sft_records(seed: int, n: int, noise: float = SFT_NOISE) -> list[dict[str, s
 
 def preference_records(seed: int, n: int, heldout: bool = False) -> list[dict[str, str]]:
     """``n`` pairs {"prompt", "chosen" (right answer), "rejected" (a near miss)}. Training pairs miss
-    by 1 or 2 on the training problems, held-out pairs by 3 on the held-out problems."""
+    by 1 or 2, held-out pairs by 3, so no held-out pair is a training pair (both on the training problems)."""
     rng = random.Random(seed)
     offsets = HELDOUT_MISSES if heldout else TRAIN_MISSES
-    probs = problems("heldout" if heldout else "train")
+    probs = problems()  # the RL stage's held-out problems stay unseen by the reward model too
     out = []
     for _ in range(n):
         a, b = rng.choice(probs)

@@ -174,10 +174,10 @@ def pick_token(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.Tens
 
 
 # Compiled decode steps are specialised to their shapes (dynamic=False): a graph with symbolic batch
-# and cache sizes ran its steps ~2x slower on this CPU (b 8: 5.0 vs 2.4 ms; b 32: 10.8 vs 7.8 ms,
-# llama-3m, docs/model.md). Shapes are kept to few values instead: the cache length is rounded up to
-# a multiple of CACHE_BUCKET (unwritten slots are masked), compaction shrinks the batch to a power
-# of two, so a run compiles a handful of graphs and then reuses them.
+# and cache sizes runs its steps about 2x slower on a CPU (docs/model.md). Shapes are kept to few
+# values instead: the cache length is rounded up to a multiple of CACHE_BUCKET (unwritten slots are
+# masked), compaction shrinks the batch to a power of two, so a run compiles a handful of graphs and
+# then reuses them.
 CACHE_BUCKET = 32
 
 
