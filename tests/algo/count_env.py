@@ -53,3 +53,17 @@ class BadStep:
 class BadReturn(CountEnv):
     def step(self, text):
         return "x", "one", False
+
+
+class WordsEnv:
+    """Two turns: the observation is "hi there" (words a test tokenizer knows), reward 1 at the end."""
+
+    def __init__(self, row):
+        self.turn = 0
+
+    def reset(self):
+        return None
+
+    def step(self, text):
+        self.turn += 1
+        return ("hi there", 0.0, False) if self.turn < 2 else (None, 1.0, True)
