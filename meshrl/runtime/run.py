@@ -18,7 +18,7 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from ..algo.graph import graph_for
+from ..algo.graph import graph_of
 from ..config import Config
 from ..parallel import comm
 from ..parallel.groups import GroupCache, all_axes
@@ -82,7 +82,7 @@ def make_groups(cache: GroupCache, groups: list[tuple[int, ...]]) -> None:
 
 def model_configs(cfg: Config) -> list:
     """The model configs of the run's roles (presets or checkpoints), for the groups' kv axis."""
-    graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+    graph = graph_of(cfg)
     return [model_for(getattr(cfg.models, role), role) for role in graph.roles()]
 
 
