@@ -8,6 +8,7 @@ the planner prices a stand-in preset and the run says so (meshrl/plan/fallback.p
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 from ..algo.graph import graph_for, graph_of
@@ -61,7 +62,7 @@ def resolve_plan(cfg: Config, spec: str, world: int) -> tuple[ExecutionPlan, str
             from ..plan.strategies import build
 
             plan = build(problem, spec)
-        plan.cluster = cluster
+        plan = dataclasses.replace(plan, cluster=cluster)
     check_plan(cfg, plan)
     return plan, note
 
