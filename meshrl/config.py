@@ -43,6 +43,11 @@ class DataConfig:
     # (None: every response runs to gen_len); `meshrl plan --lengths-from OUT/` reads both from a run.
     gen_len_mean: float | None = None
     gen_len_longest: float | None = None
+    # Planner only, multi-turn (env.fn): expected policy turns per trajectory and observation tokens
+    # per turn (None: every trajectory runs env.max_turns turns, observations cost nothing);
+    # `meshrl plan --lengths-from OUT/` reads both from a run (env/turns_mean, env/obs_length).
+    turns_mean: float | None = None
+    obs_len_mean: float | None = None
     batch_size: int = 32  # prompts per iteration (sft: sequences per step; rm/dpo: pairs per step)
     samples_per_prompt: int = 1  # responses sampled per prompt; grpo/rloo need >= 2, and 1 means 4 there
     path: str | None = None  # JSONL dataset; None = the built-in demo task
@@ -71,7 +76,8 @@ class TrainConfig:
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or
     # reallocation may wait for another rank; a hanging rank ends the job after about this long
     dtype: str = "auto"  # float32 | bfloat16 (bf16 weights/activations/grads, fp32 master + AdamW
-    # moments sharded by ZeRO-1, fp32 log-probs and losses); auto: bfloat16 on CUDA, float32 on a CPU
+    # moments sharded by ZeRO-1, fp32 log-probs and losses) | float64 (CPU: everything in float64, for
+    # exact comparisons); auto: bfloat16 on CUDA, float32 on a CPU
     activation_checkpointing: bool = False  # recompute each layer's activations in the backward
     grad_bucket_mb: float = 25.0  # data-parallel gradient all-reduce bucket, MiB (PyTorch DDP's default)
     overlap_grad_reduce: bool = True  # all-reduce each bucket as the last micro-batch's backward fills it
@@ -157,6 +163,16 @@ class RewardConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn rollouts (meshrl/algo/env.py): the policy talks with an environment of yours."""
+
+    fn: str | None = None  # file.py:Name or module:Name; Name(row) has reset() and step(response)
+    max_turns: int = 4  # policy turns per trajectory at most (each up to data.gen_len tokens)
+    max_tokens: int = 128  # tokens of a whole trajectory after the prompt (policy + observations)
+    obs_role: str = "user"  # the chat-template role of a text observation (e.g. "tool", "user")
+
+
+@dataclass
 class EvalConfig:
     """Evaluation on held-out prompts while training (the actor's policy at the iteration's start)."""
 
@@ -191,6 +207,7 @@ class Config:
     dpo: DPOConfig = field(default_factory=DPOConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     replan: ReplanConfig = field(default_factory=ReplanConfig)
 
     def validate(self) -> None:
@@ -201,8 +218,8 @@ class Config:
                 raise UserError(f"cluster.{name} must be >= 1, got {getattr(self.cluster, name)}")
         if self.algo in ("grpo", "rloo") and self.data.samples_per_prompt == 1:
             self.data.samples_per_prompt = 4  # a group of one has no baseline; 4 is the default
-        if self.train.dtype not in ("auto", "float32", "bfloat16"):
-            raise UserError(f"train.dtype={self.train.dtype!r} is not one of auto, float32, bfloat16")
+        if self.train.dtype not in ("auto", "float32", "bfloat16", "float64"):
+            raise UserError(f"train.dtype={self.train.dtype!r} is not one of auto, float32, bfloat16, float64")
         if self.ppo.kl_mode not in ("auto", "reward", "loss"):
             raise UserError(f"ppo.kl_mode={self.ppo.kl_mode!r} is not one of auto, reward, loss")
         if self.ppo.kl_estimator not in ("auto", "k1", "k2", "k3", "abs"):

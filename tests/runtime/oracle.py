@@ -16,7 +16,7 @@ from meshrl.algo import setup
 from meshrl.algo.calls import Place, implementation, row_wise
 from meshrl.algo.common import CallContext
 from meshrl.algo.evaluate import eval_due, evaluate_local
-from meshrl.algo.graph import graph_for
+from meshrl.algo.graph import graph_of
 from meshrl.algo.handles import LocalHandle
 from meshrl.algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from meshrl.algo.registry import tensor_keys
@@ -40,9 +40,13 @@ def one_process_run(cfg) -> tuple[list[dict], dict[str, torch.nn.Module]]:
     tok = setup.tokenizer_for(cfg)
     actor = warmed_actor(cfg) if setup.warms_up(cfg) else setup.load_policy(cfg, cfg.train.seed)
     roles = setup.build_roles(cfg, actor)
+    if cfg.train.dtype == "float64":  # the whole pipeline in float64, as the runtime runs it
+        for r in roles.values():
+            if r.model is not None:
+                r.model.double()  # in place: the optimizers keep their parameters
     handles = {n: LocalHandle(r.model, r.optim, cfg.optim.grad_clip) if r.model is not None else None
                for n, r in roles.items()}
-    graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+    graph = graph_of(cfg)
     data = dataset(cfg, tok)
     records = []
     for it in range(cfg.train.iterations):
@@ -89,4 +93,4 @@ def warmed_actor(cfg) -> torch.nn.Module:
     beyond what plan invariance tolerates."""
     with tempfile.TemporaryDirectory(prefix="oracle-warmup-") as d, RankPool(1, timeout=300) as pool:
         pool.run(_warm, cfg, d)
-        return load_pretrained(d)
+        return load_pretrained(d, dtype=torch.float64 if cfg.train.dtype == "float64" else torch.float32)
