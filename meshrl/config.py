@@ -43,6 +43,11 @@ class DataConfig:
     # (None: every response runs to gen_len); `meshrl plan --lengths-from OUT/` reads both from a run.
     gen_len_mean: float | None = None
     gen_len_longest: float | None = None
+    # Planner only, multi-turn (env.fn): expected policy turns per trajectory and observation tokens
+    # per turn (None: every trajectory runs env.max_turns turns, observations cost nothing);
+    # `meshrl plan --lengths-from OUT/` reads both from a run (env/turns_mean, env/obs_length).
+    turns_mean: float | None = None
+    obs_len_mean: float | None = None
     batch_size: int = 32  # prompts per iteration (sft: sequences per step; rm/dpo: pairs per step)
     samples_per_prompt: int = 1  # responses sampled per prompt; grpo/rloo need >= 2, and 1 means 4 there
     path: str | None = None  # JSONL dataset; None = the built-in demo task
@@ -157,6 +162,16 @@ class RewardConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn rollouts (meshrl/algo/env.py): the policy talks with an environment of yours."""
+
+    fn: str | None = None  # file.py:Name or module:Name; Name(row) has reset() and step(response)
+    max_turns: int = 4  # policy turns per trajectory at most (each up to data.gen_len tokens)
+    max_tokens: int = 128  # tokens of a whole trajectory after the prompt (policy + observations)
+    obs_role: str = "user"  # the chat-template role of a text observation (e.g. "tool", "user")
+
+
+@dataclass
 class EvalConfig:
     """Evaluation on held-out prompts while training (the actor's policy at the iteration's start)."""
 
@@ -191,6 +206,7 @@ class Config:
     dpo: DPOConfig = field(default_factory=DPOConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     replan: ReplanConfig = field(default_factory=ReplanConfig)
 
     def validate(self) -> None:

@@ -25,7 +25,7 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
     "ppo.lam": (0, True, 1.0), "ppo.kl_coef": (0, True, None), "ppo.entropy_coef": (0, True, None),
     "gen.temperature": (0, False, None), "gen.top_k": (0, True, None), "gen.top_p": (0, False, 1.0),
     "sft.steps": (1, True, None), "sft.lr": (0, False, None), "sft.batch_size": (1, True, None),
-    "dpo.beta": (0, False, None),
+    "dpo.beta": (0, False, None), "env.max_turns": (1, True, None), "env.max_tokens": (1, True, None),
     "replan.every": (0, True, None), "replan.min_gain": (0, True, None), "replan.search_steps": (1, True, None),
 }
 

@@ -35,8 +35,10 @@ def normalize_scores(scores: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """mask [B, N] (right-padded) -> long [B]: index of the last real token (0 for an empty row)."""
-    return (mask.long().sum(-1) - 1).clamp(min=0)
+    """mask [B, N] -> long [B]: index of the last 1 (0 for an empty row). The mask need not be
+    contiguous: a multi-turn row has observation tokens (0) between its policy turns."""
+    pos = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), pos, torch.zeros_like(pos)).max(-1).values
 
 
 def token_rewards(scores: torch.Tensor, kl: torch.Tensor | None, mask: torch.Tensor, kl_coef: float
@@ -54,21 +56,25 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016) over right-padded responses.
 
-    rewards, values, mask [B, N]. The value after the last real token is 0 (the episode ends):
-        delta_t = r_t + gamma * V_{t+1} * m_{t+1} - V_t
-        A_t     = delta_t + gamma * lam * m_{t+1} * A_{t+1}
-    Returns (advantages, returns = advantages + values), both [B, N] and 0 on padding."""
+    rewards, values, mask [B, N]. Steps are the masked tokens only: t' is the next token with
+    m = 1 after t (a multi-turn row skips the observation tokens between its turns), and the value
+    after the last one is 0 (the episode ends):
+        delta_t = r_t + gamma * V_{t'} - V_t
+        A_t     = delta_t + gamma * lam * A_{t'}
+    For a right-padded row (one turn) t' = t + 1. Returns (advantages, returns = advantages +
+    values), both [B, N] and 0 where the mask is 0."""
     b, n = rewards.shape
     mask = mask.float()
     adv = torch.zeros(b, n, dtype=torch.float32)
     next_adv = torch.zeros(b, dtype=torch.float32)
     next_value = torch.zeros(b, dtype=torch.float32)
-    next_mask = torch.zeros(b, dtype=torch.float32)
     for t in reversed(range(n)):
-        delta = rewards[:, t] + gamma * next_value * next_mask - values[:, t]
-        a = delta + gamma * lam * next_mask * next_adv
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * next_adv
         adv[:, t] = a * mask[:, t]
-        next_adv, next_value, next_mask = a, values[:, t].float(), mask[:, t]
+        live = mask[:, t] > 0
+        next_adv = torch.where(live, a, next_adv)
+        next_value = torch.where(live, values[:, t].float(), next_value)
     return adv, (adv + values.float()) * mask
 
 

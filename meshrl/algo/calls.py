@@ -15,8 +15,11 @@ N = gen_len):
 
     actor_gen      prompt_ids, prompt_mask [B, P], sample_seed [B]
                    -> input_ids, attention_mask [B, P+N], response_mask [B, N], logp_old [B, N]
+                   (env.fn: + answer_ids, row_id in; + env_reward [B], env_counts [B, 6],
+                   env_turn_len [B, env.max_turns] out; N = env.max_tokens; multiturn.py)
     reward_inf     input_ids, attention_mask, response_mask, answer_ids [B, N], row_id [B]
-                   -> scores [B], score_parts [B, K] (each reward.fn's value, the overlong penalty)
+                   -> scores [B], score_parts [B, K] (each reward.fn's value, the overlong penalty;
+                   env.fn: the environment's reward, env_reward)
     ref_inf        input_ids, attention_mask, response_mask -> logp_ref [B, N]
     critic_inf     input_ids, attention_mask, response_mask -> values [B, N]
     actor_train    seqs, logp_old, logp_ref, scores (+ values for ppo, + scores_greedy for remax)
@@ -41,6 +44,7 @@ from .handles import ModelHandle
 from .kl import kl_estimate
 from .losses import Norm, aggregate, policy_loss, value_loss
 from .lr_schedule import factor_at, set_lr_factor
+from .multiturn import multiturn_rows
 from .objectives import critic_free_advantages, kl_settings, ppo_advantages
 from .registry import SEQ_KEYS
 from .rollout import generation_config, pack_generation
@@ -68,6 +72,8 @@ def generate_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: P
     """prompt_ids, prompt_mask [b, P], sample_seed [b] -> input_ids, attention_mask [b, P+N],
     response_mask [b, N], logp_old [b, N]; row i samples from sample_seed[i] only."""
     cfg, tok = ctx.cfg, ctx.tokenizer
+    if cfg.env.fn:  # a multi-turn rollout (multiturn.py): one generate call per turn
+        return multiturn_rows(h, part, ctx, place.micro_batches, greedy)
     p_ids, p_mask = part["prompt_ids"], part["prompt_mask"]
     prompts = [row[m.bool()].tolist() for row, m in zip(p_ids, p_mask, strict=True)]
     out = h.generate(prompts, generation_config(cfg, tok, greedy), None if greedy else part["sample_seed"].tolist(),
@@ -79,6 +85,8 @@ def score_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: Plac
     """scores [b], score_parts [b, K]: the rule's or the user functions' verdict (no model), else the
     reward model's value at the last token; plus the overlong penalty (meshrl/algo/scoring.py)."""
     cfg = ctx.cfg
+    if cfg.env.fn:  # the environment's reward, summed over the trajectory's steps
+        return Batch({"scores": part["env_reward"].float(), "score_parts": torch.zeros(len(part), 0)}, part.index)
     if h is None:
         out = function_scores(part, cfg, ctx.tokenizer, train_records(cfg), cfg.data.path or "the demo prompts")
         return Batch(out, part.index)

@@ -6,6 +6,7 @@ stands at the start of that iteration; the figures join that iteration's metrics
     eval/reward    mean reward of the responses (the run's reward functions or rule, no overlong penalty)
     eval/accuracy  fraction of responses that are correct (reward >= eval.correct)
     eval/pass@k    (eval.samples = k > 1) fraction of prompts with at least one correct response of k
+    eval/tool_use  (env.fn) fraction of trajectories that called a tool
 
 eval.samples = 1 decodes greedily; k > 1 samples k responses per prompt with the run's sampling
 settings, keyed by (seed, prompt, sample) only, so an evaluation is the same under every plan and
@@ -46,6 +47,9 @@ def eval_rows(h, part: Batch, ctx: CallContext, place) -> Batch:
 
     cfg = ctx.cfg
     seqs = generate_rows(h, part, ctx, place, greedy=cfg.eval.samples == 1)
+    if cfg.env.fn:  # multi-turn: the environment's reward, and whether a tool was called
+        return Batch({"rewards": seqs["env_reward"], "row_id": part["row_id"],
+                      "tool_calls": seqs["env_counts"][:, 1]}, part.index)
     seqs = seqs.with_(answer_ids=part["answer_ids"], row_id=part["row_id"])
     no_overlong = _without_overlong(cfg)
     scores = function_scores(seqs, no_overlong, ctx.tokenizer, eval_records(cfg), cfg.eval.path)["scores"]
@@ -60,6 +64,8 @@ def eval_metrics(rows: Batch, cfg: Config) -> dict[str, float]:
     out = {"eval/reward": float(r.mean()), "eval/accuracy": float(correct.float().mean())}
     if k > 1:
         out[f"eval/pass@{k}"] = float(correct.any(-1).float().mean())
+    if "tool_calls" in rows:
+        out["eval/tool_use"] = float((rows["tool_calls"] > 0).float().mean())
     return out
 
 

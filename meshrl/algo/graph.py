@@ -7,7 +7,7 @@ its own devices; the runtime runs them. Nothing here touches torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import UserError
 
@@ -173,6 +173,22 @@ def dpo_graph() -> Graph:
         Call("ref_inf", "ref", "inference", ("pairs",), ("ref_pair_logps",)),
         Call("actor_train", "actor", "train", ("pairs", "ref_pair_logps"), ("actor_stats",)),
     ])
+
+
+def with_env(graph: Graph) -> Graph:
+    """A multi-turn run's graph (env.fn): generation also reads each row's record (``answers``:
+    row_id) to make its environment and writes the environment's outputs (``env``), which the
+    reward call turns into scores and the actor's train call reports."""
+    extra_in = {"actor_gen": ("answers",), "reward_inf": ("env",), "actor_train": ("env",)}
+    extra_out = {"actor_gen": ("env",)}
+    return Graph([replace(c, inputs=c.inputs + extra_in.get(c.name, ()), outputs=c.outputs + extra_out.get(c.name, ()))
+                  for c in graph.calls])
+
+
+def graph_of(cfg) -> Graph:
+    """The call graph of a run config: its algorithm's, multi-turn under env.fn."""
+    g = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+    return with_env(g) if getattr(getattr(cfg, "env", None), "fn", None) else g
 
 
 def graph_for(algo: str, n_samples: int = 1) -> Graph:

@@ -37,14 +37,14 @@ def warmup_plan(cfg: Config) -> tuple[str | None, str]:
 
 def check_inputs(cfg: Config) -> None:
     """Raise UserError for the first bad input of ``cfg``; read nothing twice into memory for long."""
-    from ..algo.graph import graph_for
+    from ..algo.graph import graph_of
 
     if cfg.algo == "sft" and cfg.sft.path:
         raise UserError("sft.path is the SFT warm-up's data for the other algorithms; algo=sft trains on "
                         "data.path")
     for key in ("data.path", "sft.path"):
         check_file(key, getattr(cfg, key.split(".")[0]).path)
-    roles = set(graph_for(cfg.algo, cfg.data.samples_per_prompt).roles()) | {"actor"}
+    roles = set(graph_of(cfg).roles()) | {"actor"}
     for role in ("actor", "ref", "critic", "reward"):
         spec = getattr(cfg.models, role)
         if spec.path and role in roles:

@@ -15,6 +15,7 @@ from .batch import Batch
 from .common import key_seed, keyed_generator
 from .filtering import prompts_per_iteration
 from .kl import kl_estimate
+from .multiturn import env_metrics
 from .user_rewards import part_names
 
 RL_ALGOS = ("ppo", "grpo", "remax", "rloo")
@@ -60,6 +61,8 @@ def rollout_metrics(batch: Batch, cfg: Config | None = None) -> dict[str, float]
         out["kl/k3"] = float((kl_estimate(batch["logp_old"], batch["logp_ref"], "k3") * mask).sum(-1).mean())
     if "scores_greedy" in batch:
         out["reward/greedy_mean"] = float(batch["scores_greedy"].mean())
+    if "env_counts" in batch:
+        out.update(env_metrics(batch))
     return out
 
 

@@ -1,5 +1,5 @@
 """Validation of the recipe keys (ppo.loss_agg / clip_high / dual_clip / ratio, optim.schedule,
-reward.fn, data.chat_template / filter_groups, eval.*): one UserError naming the key, raised when
+reward.fn, env.*, data.chat_template / filter_groups, eval.*): one UserError naming the key, raised when
 the config is loaded, so nothing bad reaches a rank."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import UserError
 from .losses import LOSS_AGGS, RATIOS
 from .lr_schedule import SCHEDULES
+from .env import validate_env
 from .user_rewards import validate_reward
 
 
@@ -62,3 +63,4 @@ def validate_recipes(cfg) -> None:
     if e.path is not None and cfg.algo == "rm":
         raise UserError("eval.path evaluates a policy; algo=rm trains no policy")
     validate_reward(cfg)
+    validate_env(cfg)

@@ -18,6 +18,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "values": ("values",),
     "scores": ("scores", "score_parts"),
     "scores_greedy": ("scores_greedy",),
+    "env": ("env_reward", "env_counts", "env_turn_len"),  # multi-turn rollouts (multiturn.py)
     "sft_seqs": SEQ_KEYS,
     "pairs": PAIR_KEYS,
     "ref_pair_logps": ("ref_chosen", "ref_rejected"),

@@ -14,19 +14,16 @@ naming the function, its file and the dataset row.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import numbers
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from ..errors import UserError
 from .rewards import get_rule
+from .user_code import load_user_object
 
 
 @dataclass(frozen=True)
@@ -44,34 +41,11 @@ _LOADED: dict[str, RewardFn] = {}
 
 
 def load_reward_fn(spec: str, key: str = "reward.fn") -> RewardFn:
-    """``file.py:name`` or ``module:name`` -> RewardFn; UserError naming ``key`` if it cannot be had."""
+    """``file.py:name`` or ``module:name`` -> RewardFn; UserError naming ``key`` if it cannot be had
+    (the loader of all user code, user_code.py)."""
     if spec in _LOADED:
         return _LOADED[spec]
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name.isidentifier():
-        raise UserError(f"{key}={spec!r}: expected path/to/file.py:function or package.module:function")
-    if target.endswith(".py") or "/" in target:
-        path = Path(target).resolve()
-        if not path.is_file():
-            raise UserError(f"{key}={spec!r}: file {target} not found")
-        mod_name = f"meshrl_user_reward_{abs(hash(str(path)))}"
-        try:
-            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[mod_name] = module
-            loader_spec.loader.exec_module(module)
-        except Exception as e:  # the user's file failed to import: say which and why
-            raise UserError(f"{key}={spec!r}: importing {target} failed: {type(e).__name__}: {e}") from None
-        where = str(path)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except Exception as e:
-            raise UserError(f"{key}={spec!r}: cannot import module {target}: {type(e).__name__}: {e}") from None
-        where = getattr(module, "__file__", None) or target
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise UserError(f"{key}={spec!r}: {where} has no function {name!r}")
+    fn, name, where = load_user_object(spec, key, "function")
     out = RewardFn(name, spec, where, fn)
     _LOADED[spec] = out
     return out

@@ -86,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"response lengths from {args.lengths_from}: mean {mean:.1f}, longest of a batch "
                   f"{'not recorded (taken as data.gen_len)' if longest is None else f'{longest:.1f}'} "
                   f"(data.gen_len = {cfg.data.gen_len})")
+            if cfg.env.fn:
+                print(f"multi-turn: {cfg.data.turns_mean:.2f} turns per trajectory (per turn above), "
+                      f"{cfg.data.obs_len_mean:.1f} tokens per observation")
     # --validate compares with this machine, so it needs its measured profile; otherwise the
     # planner's one fallback for a CPU without one (meshrl/plan/fallback.py, as `train --nprocs`)
     pcfg, note = (cfg, "") if args.validate else planning_config(cfg, args.profile)

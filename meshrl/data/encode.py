@@ -21,6 +21,12 @@ def _plain(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
+def plain_ids(tok, text: str) -> list[int]:
+    """Tokens of ``text`` with no special tokens added (text that carries its own, e.g. a rendered
+    chat-template turn)."""
+    return _plain(tok, text)
+
+
 def prompt_ids(tok, text: str, special_tokens: bool = True) -> list[int]:
     """A prompt's ids, the one encoding that training, evaluation and ``meshrl generate`` share:
     the tokenizer's own special tokens, as transformers encodes (a Hugging Face tokenizer's

@@ -3,7 +3,7 @@ spans, and an estimate of time and memory. Kept apart from the cost formulas (es
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..layout.mesh import Layout, Mesh
 from ..model.config import ModelConfig
@@ -30,13 +30,46 @@ class RunShape:
     gen_len_mean: float | None = None
     gen_len_longest: float | None = None
     compact: bool = False
+    # Multi-turn rollouts (env.fn): gen_len is then the whole trajectory after the prompt
+    # (env.max_tokens) and gen_len_mean its expected tokens; generation runs ``turns`` turns of up to
+    # ``turn_len`` tokens (``turn_len_mean`` expected), each followed by ``obs_len`` observation
+    # tokens. turn_len None: one turn.
+    turns: float = 1.0
+    turn_len: int | None = None
+    turn_len_mean: float | None = None
+    obs_len: float = 0.0
 
     @classmethod
     def from_config(cls, cfg) -> "RunShape":
-        ppo = getattr(cfg, "ppo", None)
-        return cls(cfg.data.prompt_len, cfg.data.gen_len, cfg.data.batch_size, cfg.data.samples_per_prompt,
-                   getattr(ppo, "epochs", 1), getattr(ppo, "mini_batches", 1),
-                   getattr(cfg.data, "gen_len_mean", None), getattr(cfg.data, "gen_len_longest", None))
+        ppo, d = getattr(cfg, "ppo", None), cfg.data
+        env = getattr(cfg, "env", None)
+        if env is None or not env.fn:
+            return cls(d.prompt_len, d.gen_len, d.batch_size, d.samples_per_prompt, getattr(ppo, "epochs", 1),
+                       getattr(ppo, "mini_batches", 1), d.gen_len_mean, d.gen_len_longest)
+        turns = d.turns_mean if d.turns_mean is not None else float(env.max_turns)
+        obs = d.obs_len_mean if d.obs_len_mean is not None else 0.0
+        turn_mean = d.gen_len_mean if d.gen_len_mean is not None else float(d.gen_len)
+        traj = min(float(env.max_tokens), turns * turn_mean + (turns - 1) * obs)
+        return cls(d.prompt_len, env.max_tokens, d.batch_size, d.samples_per_prompt, getattr(ppo, "epochs", 1),
+                   getattr(ppo, "mini_batches", 1), traj, None, turns=turns, turn_len=d.gen_len,
+                   turn_len_mean=turn_mean, obs_len=obs)
+
+    def turn_shapes(self) -> list[tuple[float, "RunShape"]]:
+        """(weight, the shape of one turn's generation) for each turn of a multi-turn rollout: turn
+        k prefills the whole conversation so far, P + k x (turn_len_mean + obs_len) tokens (the
+        engine keeps no cache between turns), then decodes up to turn_len; a fractional expected
+        turn count weighs the last turn by its fraction. One turn: [(1, self)]."""
+        if self.turn_len is None:
+            return [(1.0, self)]
+        step = (self.turn_len_mean or self.turn_len) + self.obs_len
+        out, k = [], 0
+        while k < self.turns:
+            w = min(1.0, self.turns - k)
+            out.append((w, replace(self, prompt_len=round(self.prompt_len + k * step), gen_len=self.turn_len,
+                                   gen_len_mean=self.turn_len_mean, gen_len_longest=None, turns=1.0,
+                                   turn_len=None)))
+            k += 1
+        return out
 
     @property
     def seq_len(self) -> int:

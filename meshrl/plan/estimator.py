@@ -254,6 +254,25 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=active)
 
 
+def _generate_turns(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
+    """A generation call: one turn (``_generate``), or a multi-turn rollout (env.fn) as the runtime
+    runs it (algo/multiturn.py): one generation per turn over the whole batch, each prefilling
+    the conversation so far (RunShape.turn_shapes); time and FLOPs add up, memory is the largest
+    turn's (each turn's caches are freed before the next)."""
+    turns = shape.turn_shapes()
+    if len(turns) == 1 and turns[0][1] is shape:
+        return _generate(c, spec, shape, m)
+    parts = [(w, _generate(c, spec, s, m)) for w, s in turns]
+    acc: dict[str, float] = {}
+    for w, e in parts:
+        _add(acc, e.breakdown, w)
+    t = sum(w * e.time_s for w, e in parts)
+    peak = max((e for _, e in parts), key=lambda e: e.transient_bytes)
+    active = sum(w * e.time_s * e.active for w, e in parts) / t if t > 0 else 1.0
+    return Estimate(t, sum(w * e.flops for w, e in parts), peak.weights_bytes, 0.0, peak.transient_bytes, acc,
+                    active=active)
+
+
 def _inference(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     s_dp = math.ceil(spec.sequences(shape) / c.lay.dp)
     b = math.ceil(s_dp / m)
@@ -316,7 +335,7 @@ def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches
     """Time and per-device memory of ``spec`` under ``layout`` with ``micro_batches`` per DP rank
     (per mini-batch for train calls). The layout must suit the model (see Layout.check_model)."""
     c = _Ctx(model_costs(spec.model, spec.value_head), hw, layout, links)
-    run = {"generate": _generate, "inference": _inference}.get(spec.kind, _train)
+    run = {"generate": _generate_turns, "inference": _inference}.get(spec.kind, _train)
     est = run(c, spec, shape, micro_batches)
     if not hw.call_host_s:
         return est

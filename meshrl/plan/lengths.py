@@ -40,10 +40,33 @@ def measured_lengths(out: str | Path) -> tuple[float, float | None]:
     return statistics.median(means), (statistics.median(longest) if longest else None)
 
 
+def measured_turns(out: str | Path) -> tuple[float, float]:
+    """(policy turns per trajectory, tokens per observation) of the multi-turn run in ``out``: the
+    medians over iterations of env/turns_mean and env/obs_length."""
+    path = Path(out) / "metrics.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
+    turns = [float(r["env/turns_mean"]) for r in recs if "env/turns_mean" in r]
+    if not turns:
+        raise UserError(f"--lengths-from {out}: {path} has no env/turns_mean metric (not a multi-turn run; "
+                        "this config has env.fn)")
+    obs = [float(r.get("env/obs_length", 0.0)) for r in recs if "env/turns_mean" in r]
+    return statistics.median(turns), statistics.median(obs)
+
+
 def apply_lengths(cfg, out: str | Path) -> tuple[float, float | None]:
-    """Set cfg.data.gen_len_mean / gen_len_longest from the run in ``out`` (capped at gen_len, at least 1)."""
+    """Set cfg.data.gen_len_mean / gen_len_longest from the run in ``out`` (capped at gen_len, at
+    least 1). A multi-turn config (env.fn) also gets data.turns_mean and data.obs_len_mean, and
+    its gen_len_mean is per turn: the run's policy tokens per trajectory over its turns (the
+    longest of a batch is not recorded per turn: None)."""
     mean, longest = measured_lengths(out)
     cap = cfg.data.gen_len
+    if getattr(cfg, "env", None) is not None and cfg.env.fn:
+        turns, obs = measured_turns(out)
+        cfg.data.turns_mean = min(float(cfg.env.max_turns), max(1.0, turns))
+        cfg.data.obs_len_mean = min(float(cfg.env.max_tokens), max(0.0, obs))
+        cfg.data.gen_len_mean = min(cap, max(1.0, mean / cfg.data.turns_mean))
+        cfg.data.gen_len_longest = None
+        return cfg.data.gen_len_mean, None
     cfg.data.gen_len_mean = min(cap, max(1.0, mean))
     cfg.data.gen_len_longest = None if longest is None else min(cap, max(cfg.data.gen_len_mean, longest))
     return cfg.data.gen_len_mean, cfg.data.gen_len_longest

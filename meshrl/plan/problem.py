@@ -27,7 +27,7 @@ from .hardware import Hardware
 VALUE_HEAD_ROLES = ("critic", "reward")
 TOKEN_BYTES = 4  # int32 token ids and fp32 per-token values between calls
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # train.dtype -> bytes per weight / activation element
-SEQ_LEVEL_KEYS = ("scores",)  # one fp32 per sequence; every other key is one value per token
+SEQ_LEVEL_KEYS = ("scores", "env")  # a few numbers per sequence; every other key is one value per token
 
 
 @dataclass
@@ -214,10 +214,10 @@ def model_for(spec, role: str) -> ModelConfig:
 def problem_from_config(cfg, profile: str | None = None, off_policy: int | None = None) -> Problem:
     """The planning problem of a run config (meshrl.config.Config). ``off_policy``: 1 lets generation
     run one iteration ahead (one step off-policy); default: the config's ``train.off_policy``."""
-    from ..algo.graph import graph_for
+    from ..algo.graph import graph_of
     from .hardware import get_hardware
 
-    graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+    graph = graph_of(cfg)
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}
     cluster = Cluster(cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device)
     threads = getattr(getattr(cfg, "train", None), "threads", 0)  # per rank: as the runtime sets it

@@ -28,7 +28,7 @@ from ..algo.common import CallContext
 from ..algo.calls import Place, implementation, row_wise
 from ..algo.demo_evals import Evaluation, evaluations
 from ..algo.evaluate import eval_batch, eval_due, eval_metrics, eval_rows
-from ..algo.graph import Graph, graph_for
+from ..algo.graph import Graph, graph_of
 from ..algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..algo.registry import tensor_keys
 from ..config import Config
@@ -66,7 +66,7 @@ class Engine:
         self.rank, self.log, self.status = dist.get_rank(), log, status
         if status is not None:
             status.write_text("building the models")
-        self.graph: Graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+        self.graph: Graph = graph_of(cfg)
         self.tok = setup.tokenizer_for(cfg)
         self.data = dataset(cfg, self.tok)  # prompts (RL), SFT sequences or preference pairs
         warmed, temporary = None, False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from ..algo.graph import graph_for
+from ..algo.graph import graph_for, graph_of
 from ..config import Config
 from ..errors import UserError
 from ..plan.execution_plan import Cluster, ExecutionPlan
@@ -70,7 +70,7 @@ def check_plan(cfg: Config, plan: ExecutionPlan) -> None:
     """UserError naming the culprit if the plan does not fit the run's graph, models or batch."""
     from ..model.presets import get_preset
 
-    graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+    graph = graph_of(cfg)
     roles = {c.name: c.role for c in graph.calls}
     dims = {}
     for role in graph.roles():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..algo.graph import graph_for
+from ..algo.graph import graph_of
 from ..config import Config
 from ..observe.trace import Trace
 from ..parallel import comm
@@ -76,7 +76,7 @@ def model_configs(cfg: Config) -> list:
     """The model configs of the run's roles (presets or checkpoints), for the groups' kv axis."""
     from ..plan.problem import model_for
 
-    graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+    graph = graph_of(cfg)
     return [model_for(getattr(cfg.models, role), role) for role in graph.roles()]
 
 

@@ -3,6 +3,7 @@ call give the same outputs and the same updated weights (up to float summation o
 are the runtime's (meshrl/algo/calls.py) on the one-process handle."""
 
 import copy
+from pathlib import Path
 
 import torch
 
@@ -76,3 +77,22 @@ def test_rule_reward_checks_the_decoded_answer():
                              8, 4)["answer_ids"]
     scores = score_rows(None, Batch({**seqs, "answer_ids": answers}), CallContext(cfg, 0, tok), Place())["scores"]
     assert scores.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_multi_turn_rollouts_are_invariant_to_the_dp_split():
+    """A multi-turn GRPO rollout (tests/algo/count_env.py, 3 turns, observations between them): the
+    trajectories of a 3-way token-balanced split, merged, are the whole batch's, token for token;
+    the environment's rewards and counts too, and the reference's log-probs up to summation order."""
+    env = f"env.fn={Path(__file__).with_name('count_env.py')}:CountEnv"
+    cfg = load_config(None, ["algo=grpo", "data.batch_size=6", "data.samples_per_prompt=2", "data.gen_len=6",
+                             env, "env.max_turns=3", "env.max_tokens=24"])
+    tok = setup.tokenizer_for(cfg)
+    h = LocalHandle(build_model("tiny", seed=3))
+    b, ctx = rollout(cfg, tok)
+    whole = _gen_ref(h, b, ctx)
+    merged = Batch.merge([_gen_ref(h, part, ctx) for part in b.split(3)])
+    assert whole["env_counts"][:, 4].sum() > 0  # observations were rendered into the trajectories
+    for key in ("input_ids", "attention_mask", "response_mask", "env_counts", "env_turn_len", "env_reward"):
+        assert torch.equal(merged[key], whole[key]), key
+    assert torch.allclose(merged["logp_ref"], whole["logp_ref"], atol=1e-5)
+    assert torch.allclose(merged["logp_old"], whole["logp_old"], atol=1e-5)

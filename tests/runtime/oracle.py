@@ -16,7 +16,7 @@ from meshrl.algo import setup
 from meshrl.algo.calls import Place, implementation, row_wise
 from meshrl.algo.common import CallContext
 from meshrl.algo.evaluate import eval_due, evaluate_local
-from meshrl.algo.graph import graph_for
+from meshrl.algo.graph import graph_of
 from meshrl.algo.handles import LocalHandle
 from meshrl.algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from meshrl.algo.registry import tensor_keys
@@ -42,7 +42,7 @@ def one_process_run(cfg) -> tuple[list[dict], dict[str, torch.nn.Module]]:
     roles = setup.build_roles(cfg, actor)
     handles = {n: LocalHandle(r.model, r.optim, cfg.optim.grad_clip) if r.model is not None else None
                for n, r in roles.items()}
-    graph = graph_for(cfg.algo, cfg.data.samples_per_prompt)
+    graph = graph_of(cfg)
     data = dataset(cfg, tok)
     records = []
     for it in range(cfg.train.iterations):

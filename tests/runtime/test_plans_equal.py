@@ -28,6 +28,8 @@ advantages are rounding noise that Adam amplifies, and no two summation orders c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -140,6 +142,26 @@ def test_moe_actor_with_balance_loss_is_plan_invariant(pool):
         got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
         assert_same(want, got, f"moe/{name}")
 
+
+
+MULTITURN = ["algo=grpo", "data.batch_size=4", "data.samples_per_prompt=2",
+             f"env.fn={Path(__file__).parents[1] / 'algo' / 'count_env.py'}:CountEnv", "env.max_turns=3",
+             "env.max_tokens=24", "optim.lr=5e-4"]  # the demo lr moves this policy by approx KL 1.3 a step
+
+
+def test_multi_turn_grpo_is_plan_invariant(pool):
+    """Multi-turn GRPO (tests/algo/count_env.py: three turns, observations rendered between them,
+    tool metrics) under three plans, the generation call on its own mesh (disaggregated), split
+    over dp (interleaved) and sharded over tp and pp (a random plan), gives the one-process
+    oracle's metrics, env/* included."""
+    cfg = load_config(None, MULTITURN + COMMON)
+    torch.set_num_threads(1)
+    want = one_process_metrics(cfg)
+    assert want[0]["env/turns_mean"] > 1 and "env/tool_calls" in want[0] and want[0]["reward/std"] > 0
+    plans = plans_for(cfg)
+    for name in ("interleaved", "disaggregated", "random1"):
+        got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
+        assert_same(want, got, f"multiturn/{name}")
 
 # bf16 (train.dtype=bfloat16): each plan sums in another order (tp partial sums, dp gradient buckets,
 # micro-batch accumulation) and every sum rounds to 8 mantissa bits, so plans agree only to bf16
