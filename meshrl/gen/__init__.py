@@ -24,7 +24,8 @@ from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
 from .checks import BACKENDS, check_backend
 
-__all__ = ["BACKENDS", "Generator", "check_backend", "make_generator"]
+__all__ = ["BACKENDS", "Generator", "check_backend", "close_all", "join", "make_generator"]
+_OPEN: list = []  # this process's engines, closed by close_all before its process groups go
 
 
 class Generator(Protocol):
@@ -39,6 +40,9 @@ class Generator(Protocol):
         """Replace the engine's weights with ``named`` (HF names, whole tensors of a tp=1 layout);
         returns the bytes loaded."""
 
+    def close(self) -> None:
+        """Release the engine."""
+
 
 def make_generator(backend: str, model_cfg: ModelConfig, dtype: torch.dtype, seed: int, max_len: int
                    ) -> Generator | None:
@@ -47,4 +51,21 @@ def make_generator(backend: str, model_cfg: ModelConfig, dtype: torch.dtype, see
         return None
     from .vllm_engine import VllmGenerator
 
-    return VllmGenerator(model_cfg, dtype, seed, max_len)
+    gen = VllmGenerator(model_cfg, dtype, seed, max_len)
+    _OPEN.append(gen)
+    return gen
+
+
+def join(backend: str) -> None:
+    """Collective over the world, before any generator is made: the backend's own process groups
+    (vLLM's), on every rank."""
+    if backend != "meshrl":
+        from .vllm_engine import join_groups
+
+        join_groups()
+
+
+def close_all() -> None:
+    """Shut down every engine this process made (call before destroying the process groups)."""
+    while _OPEN:
+        _OPEN.pop().close()

@@ -30,6 +30,7 @@ path is written for CUDA and has only been run on a CPU build, where sleep mode 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -63,6 +64,25 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, bucke
         yield out
 
 
+def join_groups() -> None:
+    """Build vLLM's process groups over meshrl's world, on EVERY rank of it at the same time
+    (torch.distributed groups are made collectively). vLLM makes its world group from the default
+    process group it finds; engines then made on some of the ranks (tp = pp = 1: each rank its own
+    tp group) find the groups in place, and ranks without an engine (a disaggregated plan's
+    trainers) only hold them."""
+    for k, v in ENV_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    import torch.distributed as dist
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
+
+    rank = dist.get_rank()
+    init_distributed_environment(world_size=dist.get_world_size(), rank=rank, local_rank=rank,
+                                 backend=dist.get_backend())
+    with set_current_vllm_config(VllmConfig()):
+        ensure_model_parallel_initialized(1, 1, backend=dist.get_backend())
+
+
 class VllmGenerator:
     """One vLLM engine on this rank for a model of ``model_cfg`` (the Generator protocol)."""
 
@@ -71,6 +91,10 @@ class VllmGenerator:
         for k, v in ENV_DEFAULTS.items():
             os.environ.setdefault(k, v)
         from vllm import LLM
+
+        # Each reload re-places the rotary cos/sin cache (no checkpoint weights: nothing to load) and
+        # warns "RotaryEmbedding: Failed to load weights" once per sync; that cache is unchanged.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
         self.dtype, self.bucket_bytes = dtype, bucket_bytes
         self.loaded_bytes = 0
@@ -134,6 +158,11 @@ class VllmGenerator:
         return pack_outputs([o.outputs[0] for o in outs], gen_cfg.pad_token_id)
 
     def close(self) -> None:
+        """Shut the engine down while the process groups it made still exist (its own exit hook
+        would run after meshrl destroyed them, and fail); idempotent."""
+        finalizer = getattr(self.llm.llm_engine.engine_core, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()  # EngineCore.shutdown, once
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
