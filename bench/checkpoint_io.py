@@ -63,7 +63,8 @@ def main() -> None:
                             timeout=datetime.timedelta(seconds=600))
     plan, _ = resolve_plan(cfg, "colocated", 1)
     engine, _ = build(cfg, plan, None, 0, 600.0, lambda _: None, None)
-    engine.run(0, 1, lambda t, logs: None)  # AdamW moments become non-zero
+    for _ in engine.iterate(0, 1):  # AdamW moments become non-zero
+        pass
     params = sum(p.numel() for rm in engine.roles.values() for pm in rm.models.values() for p in pm.named.values())
     times: dict[str, list[float]] = {"new_save": [], "new_load": [], "old_save": [], "old_load": []}
     with tempfile.TemporaryDirectory() as tmp:

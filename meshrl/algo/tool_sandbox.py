@@ -57,20 +57,25 @@ resource.setrlimit(resource.RLIMIT_AS, (lim["as"], lim["as"]))
 resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu"], lim["cpu"] + 1))
 resource.setrlimit(resource.RLIMIT_FSIZE, (lim["fsize"], lim["fsize"]))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-os.execv(sys.argv[1], sys.argv[1:])
+os.execvp(sys.argv[1], sys.argv[1:])
 """
 
-# A Python function as a program: argv = file.py|module, function name; the argument on stdin.
+# A Python function as a program: argv = file.py|module, function name; the argument on stdin. An
+# exception is one line on stderr ("ValueError: ..."), not a traceback the output cap would cut.
 _PY_TOOL = """
 import importlib, importlib.util, sys
 target, name = sys.argv[1], sys.argv[2]
-if target.endswith(".py"):
-    spec = importlib.util.spec_from_file_location("meshrl_tool", target)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-else:
-    mod = importlib.import_module(target)
-out = getattr(mod, name)(sys.stdin.read())
+try:
+    if target.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("meshrl_tool", target)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(target)
+    out = getattr(mod, name)(sys.stdin.read())
+except Exception as e:
+    sys.stderr.write(type(e).__name__ + ": " + str(e).replace(chr(10), " "))
+    sys.exit(1)
 sys.stdout.write(str(out))
 """
 

@@ -93,7 +93,9 @@ def sizes_line(cfg) -> str:
     return (f"sizes: {d.batch_size} prompts x {d.samples_per_prompt} samples = {seqs} sequences per iteration; "
             f"{p.epochs} epoch(s) of {p.mini_batches} mini-batches (~{seqs // p.mini_batches} sequences, one "
             f"optimizer step each); {p.micro_batches} micro-batch(es) per mini-batch; "
-            f"{cfg.train.iterations} iterations; prompt <= {d.prompt_len} tokens, response <= {d.gen_len}")
+            f"{cfg.train.iterations} iterations; prompt <= {d.prompt_len} tokens, response <= {d.gen_len}"
+            + (f" a turn; multi-turn: <= {cfg.env.max_turns} turns, trajectory <= {cfg.env.max_tokens} tokens "
+               f"(env.fn={cfg.env.fn})" if cfg.env.fn else ""))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -38,7 +38,9 @@ class Step:
     kind 'call':     ``call`` runs on its mesh.
     kind 'realloc':  ``role``'s weights move from its home placement to ``call``'s placement.
     kind 'transfer': outputs of ``src_call`` (held by ``senders``, one per dp replica) reach
-                     ``receivers`` (ranks of ``call`` that lack them)."""
+                     ``receivers`` (ranks of ``call`` that lack them).
+    kind 'end':      the end of ``iteration`` (every rank).
+    kind 'eval':     an evaluation, ``call`` = its kind (the runtime puts these in: runtime/evals.py)."""
 
     kind: str
     iteration: int
@@ -55,6 +57,8 @@ class Step:
             return self.call
         if self.kind == "end":
             return "end of iteration"
+        if self.kind == "eval":
+            return f"eval {self.call}"
         if self.kind == "realloc":
             return f"realloc {self.role}->{self.call}"
         return f"transfer {self.src_call}->{self.call}"

@@ -5,7 +5,22 @@ plan or another one, puts it back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
+from ..plan.steps import generated_ahead
+from .checkpoint import save_checkpoint
 from .engine import Engine, RankLog
+
+
+def save_after(engine: Engine, out: str | Path, t: int, timeout_s: float,
+               hook: Callable[[str, int], None] | None = None) -> None:
+    """Collective: the checkpoint after iteration t, with what t+1's generation left here when it
+    ran ahead (async generation)."""
+    cfg = engine.cfg
+    early = generated_ahead(engine.graph, cfg.train.off_policy, t, cfg.train.iterations)
+    save_checkpoint(out, t, engine.roles, engine.plan.to_json(), ahead=ahead_state(engine, t + 1) if early else None,
+                    timeout_s=timeout_s, hook=hook)
 
 
 def ahead_state(engine: Engine, t: int) -> dict:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import datetime
 import json
 from collections import Counter
-import os
+from collections.abc import Callable
 import shutil
 from pathlib import Path
 
@@ -116,10 +116,12 @@ def _numel(sizes) -> int:
 
 
 def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels], plan_json: str,
-                    keep: int = 1, ahead: dict | None = None, timeout_s: float = 300.0) -> Path:
+                    keep: int = 1, ahead: dict | None = None, timeout_s: float = 300.0,
+                    hook: Callable[[str, int], None] | None = None) -> Path:
     """Collective over all ranks: write the state after ``iteration``; returns the final directory.
     ``ahead``: this rank's state of iteration+1 computed already (async generation; given on every
-    rank or on none), restored by ``load_checkpoint``."""
+    rank or on none), restored by ``load_checkpoint``. ``hook("checkpoint", iteration)`` runs
+    between this rank's files and the commit (the tests' kill in mid-save, runtime/faults.py)."""
     out = Path(out)
     tmp, final = out / ".ckpt-tmp", out / f"{PREFIX}{iteration:06d}"
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -129,8 +131,8 @@ def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels
         tmp.mkdir(parents=True)
     comm.barrier(comm.control(None), wait)
     _rank_files(tmp, rank, roles, ahead)
-    if os.environ.get("MESHRL_FAULT") == f"{rank}:checkpoint@{iteration}":  # tests: die mid-save
-        os._exit(3)
+    if hook is not None:
+        hook("checkpoint", iteration)
     comm.barrier(comm.control(None), wait)
     if rank == 0:
         (tmp / "index.json").write_text(json.dumps(_index(tmp, world)))

@@ -1,25 +1,26 @@
 """The SPMD engine: every rank walks the same global order of steps and does the ones that include it.
 
     roles = build_roles(...)                      # home ParallelModels + per-placement copies
-    for step in plan.steps.steps(graph, plan, ...):  # identical list on every rank
-        if rank in step.ranks: do(step)            # call | realloc | transfer | end of iteration
+    for step in with_evals(steps(graph, plan, ...)):  # identical order on every rank
+        if rank in step.ranks: do(step)            # call | realloc | transfer | eval
+        if step is an end: yield Finished(t, logs)  # the iteration, to the run's loop (runtime/run.py)
 
 Data lives per iteration: ``store[t]`` holds the whole-batch tensors this rank has (the dataset's
 keys, computed locally from (seed, iteration), plus every producer's output it received);
 ``held[(call, t)]`` holds the rows of the dp replica whose output this rank holds. At the end of an
 iteration every rank hands its statistics, timings and trace events to rank 0 (one gather_object),
-which writes the metrics record.
+and ``iterate`` yields the finished iteration; the run's loop reports it, checkpoints and maybe
+re-plans (runtime/run.py).
 """
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from ..algo import setup
@@ -27,18 +28,18 @@ from ..algo.batch import Batch
 from ..algo.common import CallContext
 from ..algo.calls import Place, implementation, row_wise
 from ..algo.demo_evals import Evaluation, evaluations
-from ..algo.evaluate import eval_batch, eval_due, eval_metrics, eval_rows
 from ..algo.graph import Graph, graph_of
 from ..algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..algo.registry import tensor_keys
 from ..config import Config
 from ..parallel.groups import GroupCache
 from ..parallel import comm
-from . import memory
+from . import evals, memory
 from ..plan.execution_plan import ExecutionPlan
 from ..plan.steps import Step, report_rank, steps
 from .roles import RoleModels, build_roles, initial_states
 from .transfer import exchange
+from .evals import with_evals
 from .warmup import remove_temporary, warmup_dir, warmup_sharded
 
 
@@ -54,16 +55,25 @@ class RankLog:
     memory: dict[str, float] = field(default_factory=dict)  # call -> peak bytes (runtime/memory.py)
 
 
+@dataclass
+class Finished:
+    """An iteration the walk has just ended: its number, and every rank's log on rank 0 (None elsewhere)."""
+
+    iteration: int
+    logs: list[RankLog] | None
+
+
 class Engine:
     """One rank's view of a run of ``cfg`` under ``plan``."""
 
     def __init__(self, cfg: Config, plan: ExecutionPlan, cache: GroupCache, timeout_s: float = 300.0,
                  log: Callable[[str], None] = print, status: Path | None = None, warm: bool = True,
-                 out: str | Path | None = None) -> None:
+                 out: str | Path | None = None, hook: Callable[[str, int], None] | None = None) -> None:
         """``warm``: run the SFT warm-up first when the config asks for one (not when resuming);
-        it is kept in ``out``/sft-warmup (runtime/warmup.py)."""
+        it is kept in ``out``/sft-warmup (runtime/warmup.py). ``hook(step name, iteration)`` is
+        called as this rank enters each step (the tests' fault injection, runtime/faults.py)."""
         self.cfg, self.plan, self.timeout = cfg, plan, timeout_s
-        self.rank, self.log, self.status = dist.get_rank(), log, status
+        self.rank, self.log, self.status, self.hook = dist.get_rank(), log, status, hook
         if status is not None:
             status.write_text("building the models")
         self.graph: Graph = graph_of(cfg)
@@ -85,60 +95,42 @@ class Engine:
         self.logs: dict[int, RankLog] = {}
 
     # ---- the walk -------------------------------------------------------------------------
-    def run(self, start: int, stop: int, on_end: Callable[[int, list[RankLog] | None], None],
-            ahead: bool = False) -> None:
-        """Iterations start..stop-1. ``on_end(t, logs)`` runs on every rank after iteration t, with
-        all ranks' logs on rank 0 (None elsewhere). ``ahead``: iteration start's generation (async)
-        is already in ``held`` (restored from a checkpoint), so it is not run again."""
-        if eval_due(self.cfg, start):
-            self.evaluate(start)
-        for step in steps(self.graph, self.plan, start, stop, self.cfg.train.off_policy, ahead):
+    def iterate(self, start: int, stop: int, ahead: bool = False) -> Iterator[Finished]:
+        """Walk iterations start..stop-1, yielding each one as it ends: on every rank, with all
+        ranks' logs on rank 0. With async generation the next iteration's generation may have run
+        already (its outputs are in ``held``). ``ahead``: iteration start's generation is already in
+        ``held`` (restored from a checkpoint), so it is not run again. Leaving the loop early (a
+        re-plan) leaves the rest of the order unwalked."""
+        order = steps(self.graph, self.plan, start, stop, self.cfg.train.off_policy, ahead)
+        for step in with_evals(order, self.cfg, self.evals, start, stop, dist.get_world_size()):
             if self.rank not in step.ranks:
                 continue
-            self._mark(step)
-            t0 = time.time()
-            try:
-                self._do(step)
-            except Exception as e:
-                if self.status is not None:
-                    import traceback
-
-                    self.status.write_text(f"failed in step '{step.name}' of iteration {step.iteration}:\n"
-                                           + traceback.format_exc())
-                raise RuntimeError(f"rank {self.rank} failed in step '{step.name}' of iteration "
-                                   f"{step.iteration}: {type(e).__name__}: {e}") from e
+            if self.status is not None:  # where the launcher reads it if this rank dies (names the step)
+                self.status.write_text(f"step '{step.name}' of iteration {step.iteration}")
+            if self.hook is not None:
+                self.hook(step.name, step.iteration)
             if step.kind == "end":
-                self._evaluate(step.iteration)
-                on_end(step.iteration, self._gather(step.iteration))
-                if step.iteration + 1 < stop and eval_due(self.cfg, step.iteration + 1):
-                    self.evaluate(step.iteration + 1)
+                yield Finished(step.iteration, self._gather(step.iteration))
                 continue
+            t0 = time.time()
+            self._guarded(step)
             lg = self.logs.setdefault(step.iteration, RankLog())
             dur = time.time() - t0
-            key = {"call": "time/call/", "realloc": "time/realloc/", "transfer": "time/transfer/"}[step.kind]
             label = step.name.split(" ", 1)[-1]
-            lg.seconds[key + label] = lg.seconds.get(key + label, 0.0) + dur
+            key = f"time/{step.kind}/{label}"
+            lg.seconds[key] = lg.seconds.get(key, 0.0) + dur
             lg.events.append((step.name, step.kind, t0, dur))
 
-    def _mark(self, step: Step) -> None:
-        """Leave the current step where the launcher can read it if this rank dies (names the call).
-        Fault injection for the tests: MESHRL_FAULT="RANK:TEXT" kills rank RANK (exit code 3) when
-        it enters the first step named TEXT (e.g. "1:actor_gen"); "RANK:TEXT:hang" makes it hang
-        there instead (sleep for ever, alive), which the other ranks' timeouts must end;
-        "RANK:TEXT@T" does it in iteration T only (e.g. after a checkpoint)."""
-        if self.status is not None:
-            self.status.write_text(f"step '{step.name}' of iteration {step.iteration}")
-        rank, _, what = os.environ.get("MESHRL_FAULT", "").partition(":")
-        hang = what.endswith(":hang")
-        name, _, when = (what[:-len(":hang")] if hang else what).partition("@")
-        if rank != str(self.rank) or name != step.name or (when and int(when) != step.iteration):
-            return
-        if self.status is not None:
-            self.status.write_text(f"step '{step.name}' of iteration {step.iteration} "
-                                   f"({'hung' if hang else 'killed'} by MESHRL_FAULT at {time.time():.3f})")
-        while hang:
-            time.sleep(1.0)
-        os._exit(3)
+    def _guarded(self, step: Step) -> None:
+        """The step; a failure names the rank, step and iteration (with the traceback in the status file)."""
+        try:
+            self._do(step)
+        except Exception as e:
+            if self.status is not None:
+                self.status.write_text(f"failed in step '{step.name}' of iteration {step.iteration}:\n"
+                                       + traceback.format_exc())
+            raise RuntimeError(f"rank {self.rank} failed in step '{step.name}' of iteration "
+                               f"{step.iteration}: {type(e).__name__}: {e}") from e
 
     def _do(self, step: Step) -> None:
         if step.role and self.roles[step.role].offloaded:
@@ -156,6 +148,13 @@ class Engine:
                 self._weight_sync(step.iteration, time.perf_counter() - t0, sent)
         elif step.kind == "transfer":
             self._transfer(step)
+        elif step.call == "held-out":
+            self.logs.setdefault(step.iteration, RankLog()).stats.update(
+                evals.held_out(self.cfg, self.roles, self.tok, self.rank, step.iteration))
+        else:
+            sums = self.logs.setdefault(step.iteration, RankLog()).sums
+            for k, v in evals.demo(self.cfg, self.evals, self.roles, self.tok, self.rank, step.iteration).items():
+                sums[k] = sums.get(k, 0.0) + v
 
     def _measured_call(self, step: Step) -> None:
         """The call, with the rank's peak memory in it when validation asks (runtime/memory.py: on a
@@ -230,45 +229,6 @@ class Engine:
             lg.tokens = float(batch.tokens().sum())
             if call.role == "actor" and self.cfg.algo in RL_ALGOS:
                 lg.stats.update(rollout_metrics(batch, self.cfg))
-
-    def evaluate(self, t: int) -> None:
-        """Evaluate the actor as it stands before iteration t (meshrl/algo/evaluate.py), on every
-        rank: the ranks of the actor's home layout generate their replica's part of the eval
-        prompts, each replica's holder sends its rewards to rank 0, which puts the figures in its
-        log of iteration t."""
-        role = self.roles["actor"]
-        if role.offloaded:
-            role.reload()
-        home = role.home
-        mine = None
-        if self.rank in home.mesh.ranks:
-            dp_i, _, pp_i = home.coords_of(self.rank)
-            h = role.handle(home)
-            batch = eval_batch(self.cfg, self.tok)
-            part = batch.split(home.layout.dp)[dp_i] if home.layout.dp > 1 else batch.select(torch.arange(len(batch)))
-            place = Place(dp_i, home.layout.dp, 1, holds_output=pp_i == home.layout.pp - 1)
-            rows = eval_rows(h, part, CallContext(self.cfg, t, self.tok, algo="eval"), place)
-            mine = rows if self.rank == home.holders()[dp_i] else None
-        out: list | None = [None] * dist.get_world_size() if self.rank == 0 else None
-        comm.gather_object(mine, out, 0, comm.control(None))
-        if out is not None:
-            merged = Batch.merge([b for b in out if b is not None])
-            self.logs.setdefault(t, RankLog()).stats.update(eval_metrics(merged, self.cfg))
-
-    def _evaluate(self, t: int) -> None:
-        """The evaluations due at iteration t, each on its role's home placement (algo/evaluate.py)."""
-        for ev in self.evals:
-            pl = self.roles[ev.role].home
-            if not ev.due(t) or self.rank not in pl.mesh:
-                continue
-            dp_i = pl.coords_of(self.rank)[0]
-            rows = ev.rows(t)
-            part = rows.split(pl.layout.dp)[dp_i]
-            place = Place(dp_i, pl.layout.dp, 1, holds_output=self.rank == pl.holders()[dp_i])
-            got = ev.fn(self.roles[ev.role].handle(pl), part, CallContext(self.cfg, t, self.tok, ev.algo), place)
-            if got is not None:
-                sums = self.logs.setdefault(t, RankLog()).sums
-                sums[ev.metric] = sums.get(ev.metric, 0.0) + got / len(rows)
 
     def _transfer(self, step: Step) -> None:
         t = step.iteration

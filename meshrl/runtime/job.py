@@ -18,21 +18,9 @@ from ..gen import close_all
 from ..config import Config
 from ..errors import UserError
 from ..plan.execution_plan import ExecutionPlan
+from .plans import plan_table
 
 JOB_DEADLINE_S = 7 * 24 * 3600.0  # the pool's wait for the whole run; hangs are bounded by timeout_s
-
-
-def plan_table(plan: ExecutionPlan, off_policy: int = 0) -> str:
-    """The plan as a table: which ranks run each call, with which layout."""
-    rows = [("call", "ranks", "layout", "micro-batches")]
-    rows += [(n, str(cp.mesh), str(cp.layout), str(cp.micro_batches)) for n, cp in plan.calls.items()]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    n = plan.cluster.size
-    head = f"plan: {plan.strategy} on {n} rank{'s' if n > 1 else ''} ({plan.cluster.device})" + \
-        (", generation one step off-policy (train.off_policy=1)" if off_policy else "")
-    return head + "\n" + "\n".join(lines)
 
 
 def threads_per_rank(cfg: Config, local_ranks: int) -> tuple[int, str]:

@@ -8,6 +8,7 @@ the planner prices a stand-in preset and the run says so (meshrl/plan/fallback.p
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 from ..algo.graph import graph_for, graph_of
@@ -61,7 +62,7 @@ def resolve_plan(cfg: Config, spec: str, world: int) -> tuple[ExecutionPlan, str
             from ..plan.strategies import build
 
             plan = build(problem, spec)
-        plan.cluster = cluster
+        plan = dataclasses.replace(plan, cluster=cluster)
     check_plan(cfg, plan)
     return plan, note
 
@@ -121,3 +122,16 @@ def check_memory(cfg: Config, plan: ExecutionPlan) -> None:
             raise UserError(f"plan call {name} does not fit in memory: it needs {need / 2**30:.2f} GiB "
                             f"({int(need)} bytes) on rank {rank}, more than the {cap / 2**30:.0f} GiB "
                             f"of one {problem.hw.name} device{where}; use more devices, more tp/pp, or a smaller model")
+
+
+def plan_table(plan: ExecutionPlan, off_policy: int = 0) -> str:
+    """The plan as a table: which ranks run each call, with which layout."""
+    rows = [("call", "ranks", "layout", "micro-batches")]
+    rows += [(n, str(cp.mesh), str(cp.layout), str(cp.micro_batches)) for n, cp in plan.calls.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    n = plan.cluster.size
+    head = f"plan: {plan.strategy} on {n} rank{'s' if n > 1 else ''} ({plan.cluster.device})" + \
+        (", generation one step off-policy (train.off_policy=1)" if off_policy else "")
+    return head + "\n" + "\n".join(lines)

@@ -4,7 +4,8 @@ each call's cost from the run's own measurements (meshrl/plan/calibrate.py, what
 refitted estimate of the current plan is more than ``replan.min_gain`` slower.
 
 Rank 0 decides (from the metrics records it holds) and broadcasts the decision on the control
-plane, so every rank switches at the same boundary to the same plan. A switch is the resharding
+plane, so every rank switches at the same boundary to the same plan. ``after`` returns the decision on
+every rank, and the run's loop (meshrl/runtime/run.py) rebuilds under the next plan. A switch is the resharding
 resume (meshrl/runtime/checkpoint.py) done in the running processes: the checkpoint of the
 boundary's iteration is already on disk; every rank drops its models, builds the new plan's, and
 reads the checkpoint under the new layout. The numbers go on as an unswitched run's, up to
@@ -16,10 +17,15 @@ The gain and the decision depend on measured times, so they are reported under `
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
+
+import torch.distributed as dist
 
 from ..config import Config
 from ..errors import UserError
+from ..parallel import comm
 from ..plan.execution_plan import ExecutionPlan
 
 
@@ -32,18 +38,28 @@ class Decision:
     best_s: float  # the searched plan's
     plan_json: str | None
     note: str = ""  # why there was nothing to decide (too few measurements)
+    t0: float = 0.0  # wall clock when the decision began (the re-plan's duration starts there)
 
     @property
     def gain(self) -> float:
         return self.current_s / self.best_s if self.best_s > 0 else 1.0
 
+    @property
+    def start(self) -> int:
+        """The first iteration under the next plan."""
+        return self.after + 1
 
-class Switch(Exception):
-    """Raised on every rank out of the iteration loop to continue under ``plan``."""
+    def next_plan(self) -> ExecutionPlan | None:
+        """The plan to switch to (None: stay)."""
+        return ExecutionPlan.from_json(self.plan_json) if self.plan_json is not None else None
 
-    def __init__(self, plan: ExecutionPlan, start: int, decision: Decision, t0: float) -> None:
-        super().__init__(f"switch to plan {plan.strategy} at iteration {start}")
-        self.plan, self.start, self.decision, self.t0 = plan, start, decision, t0
+
+def after(cfg: Config, plan: ExecutionPlan, t: int, records: list[dict]) -> Decision:
+    """Every rank, after iteration t: rank 0 decides from ``records`` (this plan's iterations) and
+    broadcasts the decision on the control plane, so every rank returns the same one."""
+    t0 = time.time()
+    d = dataclasses.replace(decide(cfg, plan, records, t), t0=t0) if dist.get_rank() == 0 else None
+    return comm.broadcast_object(d, 0, comm.control(None))
 
 
 def due(cfg: Config, t: int) -> bool:
@@ -67,9 +83,7 @@ def decide(cfg: Config, plan: ExecutionPlan, records: list[dict], after: int) ->
     # capped in time too: the other ranks wait for the decision within train.timeout
     found = search(fit.problem, steps=cfg.replan.search_steps, seed=cfg.train.seed, time_limit_s=cfg.train.timeout / 4)
     current, best = fit.run_plan_s(plan), found.iteration_s
-    new = found.plan
-    new.cluster = plan.cluster
-    new.strategy = "replanned"
+    new = dataclasses.replace(found.plan, cluster=plan.cluster, strategy="replanned")
     if not current > best * (1.0 + cfg.replan.min_gain) or new.to_dict()["calls"] == plan.to_dict()["calls"]:
         return Decision(after, current, best, None)
     try:

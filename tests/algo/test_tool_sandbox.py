@@ -51,3 +51,15 @@ def test_cpu_and_memory_limits():
 def test_a_missing_program_is_an_error_observation():
     out = run_command(["/nonexistent/tool"], limits=FAST)
     assert not out.ok and out.startswith("error:")
+
+
+def test_a_program_is_found_on_the_path():
+    out = run_command(["sh", "-c", "cat; echo done"], stdin="in ", limits=FAST)
+    assert out.ok and out == "in done"
+
+
+def test_a_python_tool_that_raises_is_one_line(tmp_path):
+    f = tmp_path / "t.py"
+    f.write_text("def t(arg):\n    raise ValueError('bad ' + arg)\n")
+    out = run_python_tool(f"{f}:t", "input", Limits(timeout_s=5, cpu_s=2, memory_mb=256, output_bytes=64))
+    assert not out.ok and out == "error: exit code 1: ValueError: bad input"

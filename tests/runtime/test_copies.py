@@ -13,7 +13,8 @@ import torch
 from meshrl.config import load_config
 from meshrl.runtime.engine import Engine
 from meshrl.runtime.launch import RankPool
-from meshrl.runtime.run import make_groups, model_configs, plan_groups, process_cache, record_of
+from meshrl.runtime.report import record_of
+from meshrl.runtime.run import make_groups, model_configs, plan_groups, process_cache
 from runtime_util import WORLD, random_plan
 from test_plans_equal import COMMON, CONFIGS, assert_same
 
@@ -29,8 +30,9 @@ def run_counting(cfg, plan) -> tuple[list[dict] | None, int, int]:
     make_groups(process_cache(TIMEOUT), plan_groups(plan, kv))
     engine = Engine(cfg, plan, process_cache(TIMEOUT), TIMEOUT, lambda _: None)
     records: list[dict] = []
-    engine.run(0, cfg.train.iterations,
-               lambda t, logs: records.append(record_of(t, logs, 0.0)) if logs is not None else None)
+    for it in engine.iterate(0, cfg.train.iterations):
+        if it.logs is not None:
+            records.append(record_of(it.iteration, it.logs, 0.0))
     for rm in engine.roles.values():
         for pl, device in dict(rm.offloaded).items():
             assert all(p.device.type == "cpu" for p in rm.models[pl].named.values())

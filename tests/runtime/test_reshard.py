@@ -59,7 +59,8 @@ def _engine(cfg, plan, warm: bool) -> Engine:
 def train_and_save(cfg, plan, out: str) -> None:
     """Train cfg.train.iterations under ``plan`` (Adam moments become non-zero), then save."""
     engine = _engine(cfg, plan, True)
-    engine.run(0, cfg.train.iterations, lambda t, logs: None)
+    for _ in engine.iterate(0, cfg.train.iterations):
+        pass
     save_checkpoint(out, cfg.train.iterations - 1, engine.roles, plan.to_json(), timeout_s=TIMEOUT)
 
 
