@@ -50,6 +50,7 @@ from .objectives import critic_free_advantages, kl_settings, ppo_advantages
 from .registry import SEQ_KEYS
 from .rollout import generation_config, pack_generation
 from .scoring import function_scores, train_records, with_overlong
+from ..model.numerics import wide
 
 
 @dataclass
@@ -95,7 +96,7 @@ def score_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: Plac
     if values is None:
         return None
     last = _prompt_len(part) + last_token_index(part["response_mask"])
-    scores = values.float().gather(1, last[:, None]).squeeze(1)
+    scores = wide(values).gather(1, last[:, None]).squeeze(1)
     return Batch(with_overlong(cfg, scores, torch.zeros(len(scores), 0), part["response_mask"]), part.index)
 
 
@@ -113,7 +114,7 @@ def value_rows(h: ModelHandle, part: Batch, ctx: CallContext, place: Place) -> B
     if v is None:
         return None
     p = _prompt_len(part)
-    return Batch({"values": v[:, p - 1:-1].float() * part["response_mask"]}, part.index)
+    return Batch({"values": wide(v[:, p - 1:-1]) * part["response_mask"]}, part.index)
 
 
 def reduce_stats(stats: StatSum, place: Place) -> dict[str, float]:
@@ -212,7 +213,7 @@ def critic_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -
         def loss_fn(out: HeadOutputs, mb: dict) -> torch.Tensor:
             mask = mb["response_mask"].float()
             p = mb["input_ids"].shape[1] - mask.shape[1]
-            v = out.values[:, p - 1:-1].float() * mask
+            v = wide(out.values[:, p - 1:-1]) * mask
             loss, st = value_loss(v, mb["values"], mb["returns"], mask, cfg.ppo.value_clip, norm.tokens)
             stats.add("vf_loss", loss.detach())
             stats.add("vf_clipfrac", st["clipfrac"])
