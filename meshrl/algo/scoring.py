@@ -32,6 +32,11 @@ def train_records(cfg: Config) -> list[dict]:
 
 
 def eval_records(cfg: Config) -> list[dict]:
+    """The held-out prompt records: eval.path's, else (the demo) its held-out problems."""
+    if cfg.eval.path is None:
+        from ..data import demo
+
+        return demo.prompts("heldout")
     return list(_records(cfg.eval.path))
 
 

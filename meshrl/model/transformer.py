@@ -24,6 +24,7 @@ from .batch_layout import KVCache, Unpad, build_mask, last_position, positions_f
 from .config import ModelConfig
 from .moe import SparseMoE
 from .rope import rope_cos_sin
+from .numerics import wide
 
 
 class RMSNorm(nn.Module):
@@ -36,7 +37,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x32 = x.float()
+        x32 = wide(x)  # float32 (float64 stays float64)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
 

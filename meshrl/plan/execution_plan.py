@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from .hardware import device_names
 from ..layout.mesh import Layout, LayoutError, Mesh, Placement
 
 
@@ -74,6 +75,28 @@ class CallPlan:
         return cls(_mesh(d["mesh"]), Layout.parse(d["layout"]), mb)
 
 
+PLAN_KEYS = ("cluster", "strategy", "keep_copies", "offload_frozen", "calls", "notes")
+CLUSTER_KEYS = ("nodes", "devices_per_node", "device")
+
+
+def _cluster(d: object) -> Cluster:
+    """The plan's cluster object: known keys only, whole numbers, a known device."""
+    if not isinstance(d, dict):
+        raise UserError(f"'cluster' must be an object with {', '.join(CLUSTER_KEYS)}, got {d!r}")
+    unknown = sorted(set(d) - set(CLUSTER_KEYS))
+    if unknown:
+        raise UserError(f"cluster: unknown key {unknown[0]!r} (keys: {', '.join(CLUSTER_KEYS)})")
+    for k in ("nodes", "devices_per_node"):
+        v = d.get(k, 1)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise UserError(f"cluster key {k!r} must be a whole number >= 1, got {v!r}")
+    device = d.get("device", "cpu")
+    if device not in device_names():
+        raise UserError(f"cluster key 'device': unknown device {device!r}; known devices: "
+                        f"{', '.join(device_names())}")
+    return Cluster(d.get("nodes", 1), d.get("devices_per_node", 1), device)
+
+
 def _mesh(v: object) -> Mesh:
     """A mesh written as a string ('0-3', '0,2,4') or as a JSON list of ranks ([0, 1, 2])."""
     if isinstance(v, str):
@@ -83,14 +106,17 @@ def _mesh(v: object) -> Mesh:
     raise UserError(f"mesh must be ranks like \"0-3\", \"0,2\" or a list of ranks [0, 1, 2], got {v!r}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExecutionPlan:
     """{call name -> CallPlan} for a cluster. ``strategy`` records where the plan came from;
     ``keep_copies``: keep a role's copies in other calls' layouts between uses (memory for speed);
     by default a copy is dropped after its call and rebuilt by reallocation before the next one
     (a shadow actor generating on devices of its own is always kept).
     ``offload_frozen``: move a frozen role's (reference, reward) parameters to host memory after each
-    of its calls whose mesh another call shares, and back to the device before its next use."""
+    of its calls whose mesh another call shares, and back to the device before its next use.
+
+    Frozen: nothing edits a plan once it is made or loaded; a changed plan is a new one
+    (``dataclasses.replace``)."""
 
     cluster: Cluster
     calls: dict[str, CallPlan]
@@ -136,16 +162,17 @@ class ExecutionPlan:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ExecutionPlan":
+        """The plan a JSON object describes; UserError naming the key for anything it does not know."""
         if not isinstance(d, dict) or "calls" not in d or "cluster" not in d:
             raise UserError("an execution plan needs the keys 'cluster' and 'calls'")
-        try:
-            cluster = Cluster(**d["cluster"])
-        except TypeError as e:
-            raise UserError(f"plan cluster {d['cluster']}: {e}") from None
         if "async" in d:
             raise UserError("'async' is no longer a plan key: generating one step off-policy changes the "
                             "results, so it is the algorithm's choice now; remove it from the plan and set "
                             "train.off_policy=1 in the config instead")
+        unknown = sorted(set(d) - set(PLAN_KEYS))
+        if unknown:
+            raise UserError(f"unknown key {unknown[0]!r} (keys: {', '.join(PLAN_KEYS)})")
+        cluster = _cluster(d["cluster"])
         if not isinstance(d["calls"], dict) or not d["calls"]:
             raise UserError(f"'calls' must be an object of call name -> call plan, got {d['calls']!r}")
         calls = {}
@@ -158,8 +185,9 @@ class ExecutionPlan:
         for k, v in flags.items():
             if not isinstance(v, bool):
                 raise UserError(f"plan key {k!r} must be true or false, got {v!r}")
-        return cls(cluster, calls, d.get("strategy", "custom"), d.get("notes", {}),
-                   **flags)
+        if not isinstance(d.get("strategy", ""), str) or not isinstance(d.get("notes", {}), dict):
+            raise UserError("plan key 'strategy' must be a string and 'notes' an object")
+        return cls(cluster, calls, d.get("strategy", "custom"), d.get("notes", {}), **flags)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

@@ -263,6 +263,11 @@ PRESETS: dict[str, Hardware] = {
 }
 
 
+def device_names() -> tuple[str, ...]:
+    """The device names a cluster may name: the GPU presets and ``cpu`` (measured by ``meshrl profile``)."""
+    return (*PRESETS, "cpu")
+
+
 def profile_path(override: str | None = None) -> Path:
     """The CPU profile file: ``override``, else $MESHRL_PROFILE, else ~/.cache/meshrl/profile-cpu.json."""
     return Path(override or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE).expanduser()

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..errors import UserError
 from ..layout.mesh import Layout, Mesh
 from .candidates import call_layouts, fit_micro_batches, layouts, split_sizes
@@ -87,9 +89,7 @@ def interleaved(problem: Problem) -> ExecutionPlan:
     a = [c.name for c in problem.graph.calls if c.role in first]
     b = [c.name for c in problem.graph.calls if c.role not in first]
     if not a or not b:  # one group only (e.g. sft, rm): nothing to interleave
-        plan = colocated(problem)
-        plan.strategy = "interleaved"
-        return plan
+        return replace(colocated(problem), strategy="interleaved")
     half = n // 2
     options = [[Mesh.range(0, half), Mesh.range(half, half)]]
     if n >= 4:
@@ -105,9 +105,7 @@ def disaggregated(problem: Problem) -> ExecutionPlan:
     gen = [c.name for c in problem.graph.calls if c.kind == "generate"]
     rest = [c.name for c in problem.graph.calls if c.kind != "generate"]
     if n < 2 or not gen:
-        plan = colocated(problem)
-        plan.strategy = "disaggregated"
-        return plan
+        return replace(colocated(problem), strategy="disaggregated")
     plans = []
     for g in split_sizes(n):
         gen_mesh, train_mesh = Mesh.range(n - g, g), Mesh.range(0, n - g)

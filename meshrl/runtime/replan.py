@@ -83,9 +83,7 @@ def decide(cfg: Config, plan: ExecutionPlan, records: list[dict], after: int) ->
     # capped in time too: the other ranks wait for the decision within train.timeout
     found = search(fit.problem, steps=cfg.replan.search_steps, seed=cfg.train.seed, time_limit_s=cfg.train.timeout / 4)
     current, best = fit.run_plan_s(plan), found.iteration_s
-    new = found.plan
-    new.cluster = plan.cluster
-    new.strategy = "replanned"
+    new = dataclasses.replace(found.plan, cluster=plan.cluster, strategy="replanned")
     if not current > best * (1.0 + cfg.replan.min_gain) or new.to_dict()["calls"] == plan.to_dict()["calls"]:
         return Decision(after, current, best, None)
     try:

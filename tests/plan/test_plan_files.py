@@ -75,3 +75,45 @@ def test_a_plan_that_does_not_fit_the_run_names_file_and_call(tmp_path):
     del missing["calls"]["critic_inf"]
     with pytest.raises(UserError, match=r"plan file .*: plan has no entry for calls \['critic_inf'\]"):
         resolve_plan(load_config(None, []), write(tmp_path, missing), 2)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"keep_copys": True}, "unknown key 'keep_copys'"),
+    ({"cluster": {"nodes": 1, "devices_per_node": 2, "device": "nonsense"}},
+     "cluster key 'device': unknown device 'nonsense'; known devices: a100-80g, h100-80g, h200, cpu"),
+    ({"cluster": {"nodes": 1, "devices_per_node": 2, "devcie": "cpu"}}, "cluster: unknown key 'devcie'"),
+    ({"cluster": {"nodes": "1", "devices_per_node": 2}}, "cluster key 'nodes' must be a whole number"),
+    ({"cluster": [1, 2]}, "'cluster' must be an object"),
+    ({"keep_copies": "yes"}, "plan key 'keep_copies' must be true or false"),
+])
+def test_a_plan_file_refuses_unknown_keys_and_devices_at_every_level_by_name(tmp_path, change, message):
+    """Issue 29: a typo beside "calls" (``keep_copys``) or an unknown device was ignored and the
+    run trained; each is now one message naming the file and the key."""
+    path = write(tmp_path, {**plan_dict(), **change})
+    with pytest.raises(UserError) as e:
+        ExecutionPlan.load(path)
+    assert str(e.value).startswith(f"plan file {path}: ") and message in str(e.value), str(e.value)
+
+
+def test_train_with_a_bad_plan_file_stops_before_any_rank_starts(tmp_path, capsys):
+    """``meshrl train --plan FILE`` with the typo exits non-zero with the message and no traceback,
+    before the run directory gets a metrics file."""
+    from meshrl.cli import main
+
+    path = write(tmp_path, {**plan_dict(), "cluster": {"nodes": 1, "devices_per_node": 2, "device": "nonsense"}})
+    out = tmp_path / "out"
+    assert main(["train", "train.iterations=1", "--nprocs", "2", "--plan", path, "--out", str(out),
+                 "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert f"plan file {path}: cluster key 'device': unknown device 'nonsense'" in err and "Traceback" not in err
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_plan_is_frozen():
+    """Nothing edits a loaded plan: a changed plan is a new one (dataclasses.replace)."""
+    import dataclasses
+
+    plan = ExecutionPlan.from_dict(plan_dict())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.strategy = "edited"  # type: ignore[misc]
+    assert dataclasses.replace(plan, strategy="edited").strategy == "edited" and plan.strategy == "custom"
