@@ -5,7 +5,8 @@ case, and every byte the rank allocates is counted (for ``meshrl plan --dry-run`
 devices, no storage). It sees every op the rank runs and
 
 - answers a read of a value to Python (``.item()``, ``.tolist()``, ``int(t)``, ``bool(t)``:
-  aten's ``_local_scalar_dense``, ``is_nonzero``) with a placeholder (0, 0.0 or False; ``placeholders`` counts them), so
+  aten's ``_local_scalar_dense``, ``is_nonzero``) with a placeholder (1, 1.0 or False;
+  ``placeholders`` counts them), so
   statistics, rewards and decoded text are meaningless in a dry run; where the code branches on
   such a value in a way that changes shapes or collectives it asks meshrl.model.worst_case instead;
 - gives the data-dependent shapes their worst case: ``nonzero`` (and so ``torch.where(mask)``) and
@@ -61,7 +62,7 @@ class Window:
 def _placeholder(t: torch.Tensor):
     if t.dtype == torch.bool:
         return False
-    return 0.0 if t.dtype.is_floating_point or t.dtype.is_complex else 0
+    return 1.0 if t.dtype.is_floating_point or t.dtype.is_complex else 1  # 1: a count or norm one may divide by
 
 
 def _all_indices(mask: torch.Tensor) -> list[torch.Tensor]:
