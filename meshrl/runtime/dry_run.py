@@ -196,10 +196,12 @@ def rank_job(cfg: Config, plan: ExecutionPlan, run: RankRun, budgets: dict[str, 
 
 
 def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[int, dict[str, float]],
-              stand_in=None, decode: str = "ends") -> tuple[dict[int, RankRun], dict[int, BaseException], list]:
+              stand_in=None, decode: str = "ends", on_done=None
+              ) -> tuple[dict[int, RankRun], dict[int, BaseException], list]:
     """Simulate ``ranks`` of ``plan``'s world together (fake_world.py) -> (runs, errors by rank,
     transfer parts never received). ``stand_in(rank)``: the simulated rank whose transfer parts
-    stand for an unsimulated sender's (symmetry.py). ``decode``: meshrl.model.worst_case's."""
+    stand for an unsimulated sender's (symmetry.py). ``decode``: meshrl.model.worst_case's;
+    ``on_done(rank, finished, total)``: Turns.run's."""
     from ..model.worst_case import worst_case
     from ..parallel import comm
     from . import transfer
@@ -220,7 +222,7 @@ def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[
         with worst_case(decode, device="cpu" if cfg.cluster.device == "cpu" else "cuda"), \
                 warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-            _, errors = turns.run(jobs)
+            _, errors = turns.run(jobs, on_done)
         unread = transfer.MAILBOX[0].unread()
     finally:
         transfer.MAILBOX[0] = None
@@ -253,9 +255,11 @@ class DryRun:
         return float(max(peaks)) if peaks else None
 
 
-def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False, decode: str = "ends") -> DryRun:
+def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False, decode: str = "ends",
+            log=None) -> DryRun:
     """Simulate ``plan`` (one rank per symmetry class and a checking member of each, or every rank)
-    and audit it; ``problem``: the planning problem the memory predictions come from."""
+    and audit it; ``problem``: the planning problem the memory predictions come from; ``log``: a
+    line as each simulated rank finishes."""
     import time
 
     from .collective_audit import audit
@@ -273,7 +277,11 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
     def stand_in(r: int) -> int:
         return r if r in simulated else cl.stand_in(r)
 
-    runs, errors, unread = run_ranks(cfg, plan, simulated, budgets, stand_in, decode)
+    def done(r: int, k: int, total: int) -> None:
+        if log is not None:
+            log(f"  simulated rank {r} ({k} of {total}) after {time.perf_counter() - t0:.0f} s")
+
+    runs, errors, unread = run_ranks(cfg, plan, simulated, budgets, stand_in, decode, done)
     failures = []
     for r, e in sorted(errors.items()):
         if not isinstance(getattr(e, "__cause__", None), Hang) or len(errors) == 1:
