@@ -233,6 +233,22 @@ def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[
     return runs, errors, unread  # a failed rank keeps what it recorded
 
 
+OVER = 1.25  # a call's peak above this times its prediction fails the run, naming its largest tensors
+
+
+def over_budget(run: RankRun, predicted: dict[str, dict[int, float]]) -> list[str]:
+    """Calls whose peak on ``run``'s rank exceeds OVER x the estimator's shards, state and activations."""
+    out = []
+    for s in run.steps:
+        p = predicted.get(s.call, {}).get(run.rank) if s.kind == "call" else None
+        if p and s.peak > OVER * p:
+            big = "; ".join(a.what() for a in s.top) or "no single large tensor"
+            out.append(f"rank {run.rank}, step '{s.name}': peak {s.peak / 2**30:.2f} GiB is over {OVER}x the "
+                       f"estimator's {p / 2**30:.2f} GiB (shards, state, activations); the largest tensors "
+                       f"made in the call and alive at its peak: {big}")
+    return out
+
+
 @dataclass
 class DryRun:
     """What ``dry_run`` found; ``failures`` empty means the plan ran, fit and issued matching collectives."""
@@ -273,7 +289,7 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
     cl = Classes(tuple((r,) for r in range(n))) if every_rank else classes(cfg, plan, problem.models, rows)
     simulated = cl.simulated()
     predicted = problem.rank_call_memory(plan)
-    budgets = {r: {c: 1.25 * p[r] for c, p in predicted.items() if r in p} for r in simulated}
+    budgets = {r: {c: OVER * p[r] for c, p in predicted.items() if r in p} for r in simulated}
     def stand_in(r: int) -> int:
         return r if r in simulated else cl.stand_in(r)
 
@@ -294,6 +310,7 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
     failures += [m.message() for m in mismatched]
     for run in runs.values():
         failures += [v.message() for v in run.violations]
+        failures += over_budget(run, predicted)
     for members in cl.members:
         a, b = members[0], members[-1]
         if a != b and a in runs and b in runs:
