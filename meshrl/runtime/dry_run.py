@@ -279,8 +279,7 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
     import time
 
     from .collective_audit import audit
-    from .fake_world import Hang
-    from .symmetry import Classes, classes, compare_members
+    from .symmetry import Classes, classes
 
     t0 = time.perf_counter()
     rows = {n: problem.specs[n].sequences(problem.shape) // (problem.shape.mini_batches
@@ -290,6 +289,7 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
     simulated = cl.simulated()
     predicted = problem.rank_call_memory(plan)
     budgets = {r: {c: OVER * p[r] for c, p in predicted.items() if r in p} for r in simulated}
+
     def stand_in(r: int) -> int:
         return r if r in simulated else cl.stand_in(r)
 
@@ -298,26 +298,32 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
             log(f"  simulated rank {r} ({k} of {total}) after {time.perf_counter() - t0:.0f} s")
 
     runs, errors, unread = run_ranks(cfg, plan, simulated, budgets, stand_in, decode, done)
-    failures = []
-    for r, e in sorted(errors.items()):
-        if not isinstance(getattr(e, "__cause__", None), Hang) or len(errors) == 1:
-            failures.append(f"rank {r}: {e}")
-    if errors and not failures:
-        failures.append(str(next(iter(errors.values()))))
-    for s, d, k in unread:
-        failures.append(f"rank {s} sent {k} batch part(s) to rank {d} that rank {d} never received")
     checked, mismatched = audit({r: run.ledger for r, run in runs.items()})
-    failures += [m.message() for m in mismatched]
+    failures = _failures(runs, errors, unread, mismatched, predicted, cl)
+    stand = {r: stand_in(r) for r in range(n)}
+    return DryRun(runs, simulated, stand, predicted, checked, mismatched, failures, time.perf_counter() - t0, decode,
+                  len(cl.members))
+
+
+def _failures(runs: dict[int, RankRun], errors: dict, unread: list, mismatched: list, predicted: dict, cl) -> list[str]:
+    """Everything that fails a dry run, each one line naming ranks and steps: a rank's error (a
+    hang named once), unread transfer parts, mismatched collectives, whole weights and
+    full-vocabulary tensors, calls over budget, and classes whose two simulated members differ."""
+    from .fake_world import Hang
+    from .symmetry import compare_members
+
+    out = [f"rank {r}: {e}" for r, e in sorted(errors.items())
+           if not isinstance(getattr(e, "__cause__", None), Hang) or len(errors) == 1]
+    if errors and not out:  # every rank hung: one message says who waits for what
+        out.append(str(next(iter(errors.values()))))
+    out += [f"rank {s} sent {k} batch part(s) to rank {d} that rank {d} never received" for s, d, k in unread]
+    out += [m.message() for m in mismatched]
     for run in runs.values():
-        failures += [v.message() for v in run.violations]
-        failures += over_budget(run, predicted)
+        out += [v.message() for v in run.violations] + over_budget(run, predicted)
     for members in cl.members:
         a, b = members[0], members[-1]
         if a != b and a in runs and b in runs:
             why = compare_members(a, b, runs[a].steps, runs[b].steps, runs[a].ledger.ops, runs[b].ledger.ops)
             if why:
-                failures.append(f"symmetry: {why}")
-    stand = {r: stand_in(r) for r in range(n)}
-    return DryRun(runs, simulated, stand, predicted, checked, mismatched, failures, time.perf_counter() - t0, decode,
-                  len(cl.members))
-
+                out.append(f"symmetry: {why}")
+    return out
