@@ -34,7 +34,7 @@ from ..model.config import param_shapes
 from ..plan.execution_plan import ExecutionPlan
 from ..plan.steps import Step
 from .collective_audit import RankLedger
-from .fake_exec import Alloc, FakeRank
+from .fake_exec import Alloc, FakeRank, fast_tolist
 
 TIMEOUT_S = 3600.0
 
@@ -219,7 +219,7 @@ def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[
         runs = {r: RankRun(r, ledger=RankLedger(r)) for r in ranks}
         transfer.MAILBOX[0] = Mailbox(turns, lambda r: runs[r].ledger.step, stand_in)
         jobs = {r: (lambda r=r: rank_job(cfg, plan, runs[r], budgets.get(r, {}))) for r in ranks}
-        with worst_case(decode, device="cpu" if cfg.cluster.device == "cpu" else "cuda"), \
+        with worst_case(decode, device="cpu" if cfg.cluster.device == "cpu" else "cuda"), fast_tolist(), \
                 warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             _, errors = turns.run(jobs, on_done)
