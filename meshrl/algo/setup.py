@@ -72,12 +72,28 @@ def role_lr(cfg: Config, role: str) -> tuple[float, tuple[tuple[str, float], ...
     return (cfg.sft.lr if cfg.algo == "sft" else cfg.optim.lr), ()
 
 
+def warmup_plan(cfg: Config) -> tuple[str | None, str]:
+    """What the SFT warm-up before RL / rm / dpo trains on: "demo", the user's ``sft.path``, or None
+    (no warm-up); and a note for the console ("" when there is nothing to say)."""
+    if cfg.algo == "sft" or not cfg.sft.warmup:
+        return None, ""
+    if cfg.models.actor.path:
+        return None, (f"SFT warm-up skipped: the actor is your checkpoint {cfg.models.actor.path} "
+                      "(sft.warmup applies to a preset actor)")
+    if cfg.sft.path:
+        return cfg.sft.path, ""
+    if cfg.data.path:
+        return None, ("SFT warm-up skipped: your data.path has no SFT demonstrations for it, and the built-in "
+                      f"demo's are never mixed into your run; RL starts from the untrained {cfg.models.actor.preset} "
+                      "preset. Give sft.path=FILE.jsonl ({\"prompt\", \"response\"} lines) or "
+                      "models.actor.path=DIR (a trained actor)")
+    return "demo", ""
+
+
 def warms_up(cfg: Config) -> bool:
     """Whether the run starts with a quick SFT: RL, DPO and the reward model (initialised from the
     SFT model, as in InstructGPT) on a preset actor, on the demo's data or the user's sft.path, unless
-    sft.warmup is off (meshrl/algo/inputs.py: warmup_plan)."""
-    from .inputs import warmup_plan
-
+    sft.warmup is off (``warmup_plan``)."""
     return warmup_plan(cfg)[0] is not None
 
 

@@ -55,7 +55,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import load_config
+    from .settings import load_settings
     from ..plan.fallback import planning_config
     from ..plan.problem import problem_from_config
     from ..plan.report import NAMES, comparison_table, compare, explain, plan_table
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--calibrate reads the run's own config ({args.calibrate}/config.yaml); "
                             f"drop {config} (key=value overrides are allowed)")
         return calibrate(args, names, overrides, steps)
-    cfg = load_config(config, overrides)
+    cfg = load_settings(config, overrides)
     if args.validate:
         check_validate(cfg, args)
     if args.lengths_from:
@@ -191,7 +191,8 @@ def validate(cfg, problem, plan, iterations: int, max_ranks: int, as_json: bool 
     per iteration; 1 if a rank failed (the message names the rank and the step). ``as_json``: one
     JSON object (plan/validate.py to_json) and nothing else on stdout."""
     from ..plan.validate import compare, memory, memory_summary, table, to_json
-    from ..runtime.validate import rule_calls, run_plan
+    from ..plan.validate import rule_calls
+    from ..runtime.validate import run_plan
 
     if as_json:
         try:
@@ -225,15 +226,15 @@ def validate(cfg, problem, plan, iterations: int, max_ranks: int, as_json: bool 
 def calibrate(args: argparse.Namespace, names: list[str], overrides: list[str], steps: int) -> int:
     """--calibrate OUT/: the run's plan priced before and after refitting each call's cost from the
     run's measurements, then the strategies and the search under the refitted costs."""
-    from ..config import load_config
+    from .settings import load_settings
     from ..plan.calibrate import read_run, refit, scales_table
     from ..plan.problem import problem_from_config
     from ..plan.report import comparison_table, compare, plan_table
     from ..plan.validate import table
-    from ..runtime.validate import rule_calls
+    from ..plan.validate import rule_calls
 
     cfg_path, run_plan, records = read_run(args.calibrate)
-    cfg = load_config(str(cfg_path), overrides)
+    cfg = load_settings(str(cfg_path), overrides)
     c = run_plan.cluster  # the plan knows the cluster the run had (a --nprocs run's config may not)
     cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device = c.nodes, c.devices_per_node, c.device
     if args.lengths_from:

@@ -99,18 +99,20 @@ def sizes_line(cfg) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import dump_yaml, load_config
-    from ..algo.inputs import check_inputs, warmup_plan
+    from ..config import dump_yaml
+    from .settings import load_settings
+    from ..algo.inputs import check_inputs
+    from ..algo.setup import warmup_plan
     from .rundir import check_out, check_resume_config, clear_run
 
     args = _reparse(args)
     config, overrides = split_items(args.items)
     if args.replan_every is not None:
         overrides = [*overrides, f"replan.every={args.replan_every}"]
-    cfg = load_config(config, overrides)
+    cfg = load_settings(config, overrides)
     is_demo = config is None and cfg.data.path is None
     if is_demo:  # the demo's sizes for this algorithm, then the user's overrides on top
-        cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
+        cfg = load_settings(None, DEMO_DEFAULTS[cfg.algo] + overrides)
     out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
     rank0 = _rank0()  # under torchrun only global rank 0 looks at and writes OUT (the others would race it)
     if rank0:

@@ -17,6 +17,7 @@ from ..algo.graph import Graph
 from ..cores import rank_threads
 from ..errors import UserError
 from ..model.config import ModelConfig
+from ..model.hf_config import config_from_hf
 from ..layout.mesh import Layout, LayoutError, Mesh, Placement
 from ..layout.realloc_plan import link_bytes
 from ..layout.shardmap import check_shardable
@@ -203,7 +204,7 @@ def model_for(spec, role: str) -> ModelConfig:
         if not p.is_file():
             raise UserError(f"models.{role}.path: {p} does not exist")
         try:
-            return ModelConfig.from_hf_dict(json.loads(p.read_text()))
+            return config_from_hf(json.loads(p.read_text()))
         except json.JSONDecodeError as e:
             raise UserError(f"models.{role}.path: {p} is not valid JSON ({e})") from None
     if not spec.preset:
@@ -215,7 +216,7 @@ def problem_from_config(cfg, profile: str | None = None, off_policy: int | None 
     """The planning problem of a run config (meshrl.config.Config). ``off_policy``: 1 lets generation
     run one iteration ahead (one step off-policy); default: the config's ``train.off_policy``."""
     from ..algo.graph import graph_of
-    from .hardware import get_hardware
+    from .hardware_profile import get_hardware
 
     graph = graph_of(cfg)
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}

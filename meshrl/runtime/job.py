@@ -38,17 +38,6 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def _failure(status_dir: Path, err: Exception) -> str:
-    """The pool's error plus what every rank was doing when the job ended."""
-    lines = [str(err).splitlines()[0] if str(err) else type(err).__name__]
-    for f in sorted(status_dir.glob("rank*"), key=lambda p: int(p.name[4:])):
-        text = f.read_text().strip()
-        lines.append(f"  {f.name}: {text.splitlines()[0] if text else '(no step yet)'}")
-        if text.startswith("failed"):
-            lines.append("    " + text.splitlines()[-1])
-    return "\n".join(lines)
-
-
 def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, quiet: bool
             ) -> tuple[ExecutionPlan, int]:
     """The plan the ranks run and the first iteration (after the newest checkpoint with ``resume``);
@@ -105,7 +94,7 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
     status.mkdir()
     if nprocs == 1:
         return in_process(cfg, plan, str(out), start, timeout_s, status, quiet, progress)
-    from .launch import RankError, RankPool
+    from .launch import RankError, RankPool, failure_report
     from .run import rank_main
 
     try:
@@ -114,7 +103,7 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
             return pool.run(rank_main, cfg, plan, str(out), start, timeout_s, str(status), quiet,
                             cfg.train.save_every, progress, timeout=JOB_DEADLINE_S)[0]
     except RankError as e:
-        raise RuntimeError(_failure(status, e)) from None
+        raise RuntimeError(failure_report(status, e)) from None
 
 
 def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0, timeout_s: float = 300.0,

@@ -20,6 +20,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UserError
@@ -221,3 +222,14 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float = 120.
     """One-shot: start ``nprocs`` ranks, run fn on all, shut down. Returns per-rank results."""
     with RankPool(nprocs, timeout=timeout) as pool:
         return pool.run(fn, *args, **kwargs)
+
+
+def failure_report(status_dir: Path, err: Exception) -> str:
+    """The pool's error plus what every rank was doing when the job ended."""
+    lines = [str(err).splitlines()[0] if str(err) else type(err).__name__]
+    for f in sorted(status_dir.glob("rank*"), key=lambda p: int(p.name[4:])):
+        text = f.read_text().strip()
+        lines.append(f"  {f.name}: {text.splitlines()[0] if text else '(no step yet)'}")
+        if text.startswith("failed"):
+            lines.append("    " + text.splitlines()[-1])
+    return "\n".join(lines)

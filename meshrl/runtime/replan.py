@@ -74,7 +74,7 @@ def decide(cfg: Config, plan: ExecutionPlan, records: list[dict], after: int) ->
     from ..plan.calibrate import refit
     from ..plan.search import search
     from .plans import _problem, check_plan
-    from .validate import rule_calls
+    from ..plan.validate import rule_calls
 
     if len(records) < 2:
         return Decision(after, 0.0, 0.0, None, f"{len(records)} iteration(s) under this plan; 2 are needed")

@@ -30,13 +30,13 @@ def host_gap(records: list[dict]) -> dict:
 def measure_host_gap(quick: bool = False, timeout_s: float = 120.0) -> dict:
     """Run the one-rank runtime on the tiny preset (PPO: six calls) and return ``host_gap``."""
     from ..config import Config
-    from .job import in_process
-    from .plans import resolve_plan
+    from ..runtime.job import in_process
+    from ..runtime.plans import resolve_plan
 
     cfg = Config()  # the built-in demo (PPO, tiny models, a rule reward)
     cfg.data.batch_size, cfg.data.gen_len, cfg.sft.steps = 8, 8, 1
     cfg.train.iterations = 3 if quick else ITERATIONS
-    cfg.train.threads = 1  # the profile's convention: one thread (profile_threads.py measures more)
+    cfg.train.threads = 1  # the profile's convention: one thread (threads.py measures more)
     plan, _ = resolve_plan(cfg, "colocated", 1)
     records = in_process(cfg, plan, None, 0, timeout_s, None, quiet=True, progress=False)
     return host_gap(records)

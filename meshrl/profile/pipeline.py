@@ -20,7 +20,7 @@ import time
 
 import torch.distributed as dist
 
-from .launch import RankPool
+from ..runtime.launch import RankPool
 
 PROMPT, SHORT, LONG = 16, 2, 16  # prompt tokens; the two generation lengths timed
 BATCHES = (8, 32)
