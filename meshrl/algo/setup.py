@@ -19,6 +19,7 @@ from ..model.checkpoint import build_model, load_pretrained
 from ..model.tokenizer import ByteTokenizer, load_tokenizer
 from .batch import Batch
 from .common import Role, make_optimizer
+from ..data.chat import load_chat_template
 
 DEMO_SFT_RECORDS = 2000  # noisy demonstrations for the warm-up / algo=sft
 DEMO_PAIRS = 2000  # training preference pairs (algo=rm, algo=dpo)
@@ -162,8 +163,6 @@ def encode_prompt_batch(cfg: Config, tok, records: list[dict]) -> Batch:
     data.chat_template is on."""
     template = None
     if cfg.data.chat_template:
-        from ..data.chat import load_chat_template
-
         template = load_chat_template(cfg.models.actor.path)
     elif any("prompt" not in r for r in records):
         raise UserError("a record has \"messages\" but no \"prompt\": set data.chat_template=true to render "

@@ -8,6 +8,12 @@ import argparse
 from pathlib import Path
 
 from ..errors import UserError
+from .config_help import config_epilog
+from ..config import dump_yaml
+from .rundir import check_out, check_resume_config, clear_run
+import os
+from ..plan.strategies import BUILDERS
+from ..runtime.plans import resolve_plan
 
 DEFAULT_OUT = "runs/demo"
 # The built-in demo's sizes per algorithm, applied before the user's own overrides when there is
@@ -26,8 +32,6 @@ DEMO_DEFAULTS: dict[str, list[str]] = {
 
 
 def add_parser(subparsers) -> None:
-    from .config_help import config_epilog
-
     p = subparsers.add_parser("train", help="train with an RLHF algorithm (no arguments: the CPU demo)",
                               description=__doc__, epilog=config_epilog(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,11 +103,9 @@ def sizes_line(cfg) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import dump_yaml
-    from .settings import load_settings
-    from ..algo.inputs import check_inputs
-    from ..algo.setup import warmup_plan
-    from .rundir import check_out, check_resume_config, clear_run
+    from .settings import load_settings  # lazy: --help and `meshrl plan` load no torch
+    from ..algo.inputs import check_inputs  # lazy: --help and `meshrl plan` load no torch
+    from ..algo.setup import warmup_plan  # lazy: --help and `meshrl plan` load no torch
 
     args = _reparse(args)
     config, overrides = split_items(args.items)
@@ -137,9 +139,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _rank0() -> bool:
     """Whether this process is the job's console and OUT writer: always, except under torchrun."""
-    import os
 
-    from ..runtime.job import under_torchrun
+    from ..runtime.job import under_torchrun  # lazy: --help and `meshrl plan` load no torch
 
     return not under_torchrun() or os.environ.get("RANK") == "0"
 
@@ -147,9 +148,7 @@ def _rank0() -> bool:
 def check_plan_spec(cfg, spec: str | None, world: int) -> None:
     """``--plan``: a strategy name, or a plan file that exists, parses and fits this run (checked
     before anything is written; under torchrun the world is the job's)."""
-    import os
 
-    from ..plan.strategies import BUILDERS
 
     if spec is None or spec in BUILDERS or spec == "search":
         return
@@ -158,7 +157,6 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
             raise UserError(f"--plan: plan file not found: {spec}")
         raise UserError(f"--plan: unknown strategy {spec!r}; known: {', '.join([*BUILDERS, 'search'])}, "
                         "or a plan file (FILE.json)")
-    from ..runtime.plans import resolve_plan
 
     resolve_plan(cfg, spec, int(os.environ.get("WORLD_SIZE", world)))
 
@@ -166,9 +164,9 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
 def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
     """Every run is the runtime (meshrl/runtime/job.py): one rank in this process by default,
     ``--nprocs N`` local ranks, or the ranks of a torchrun job; all write the same OUT/ and resume."""
-    import os
 
-    from ..runtime.job import launch, local_ranks, threads_per_rank, under_torchrun
+    from ..runtime.job import (  # lazy: --help and `meshrl plan` load no torch
+        launch, local_ranks, threads_per_rank, under_torchrun)
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.nprocs or 1)
     rank0 = _rank0()
@@ -200,7 +198,8 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
 
 def examples(model_dir: Path, prompts: tuple[str, ...] = ("3+4=", "8+5=", "9+9=", "6+7=", "2+9=")) -> str:
     """'3+4=7 ok, 8+5=12 wrong, ...': the saved actor, greedy, on a few demo problems."""
-    from ..model import ByteTokenizer, GenerationConfig, generate, load_pretrained
+    from ..model import (  # lazy: --help and `meshrl plan` load no torch
+        ByteTokenizer, GenerationConfig, generate, load_pretrained)
 
     tok, model = ByteTokenizer(), load_pretrained(model_dir).eval()
     out = generate(model, [tok.encode(p, add_bos=True) for p in prompts],

@@ -24,6 +24,9 @@ from ..layout.shardmap import check_shardable
 from .estimator import CallSpec, Estimate, RunShape, estimate_call, mesh_links
 from .execution_plan import CallPlan, Cluster, ExecutionPlan
 from .hardware import Hardware
+from ..model.presets import get_preset
+from ..algo.graph import graph_of
+from .hardware_profile import get_hardware
 
 VALUE_HEAD_ROLES = ("critic", "reward")
 TOKEN_BYTES = 4  # int32 token ids and fp32 per-token values between calls
@@ -197,7 +200,6 @@ class Problem:
 
 def model_for(spec, role: str) -> ModelConfig:
     """A role's ModelConfig from its config entry: a preset name or a Hugging Face directory."""
-    from ..model.presets import get_preset
 
     if spec.path:
         p = Path(spec.path) / "config.json"
@@ -215,8 +217,6 @@ def model_for(spec, role: str) -> ModelConfig:
 def problem_from_config(cfg, profile: str | None = None, off_policy: int | None = None) -> Problem:
     """The planning problem of a run config (meshrl.config.Config). ``off_policy``: 1 lets generation
     run one iteration ahead (one step off-policy); default: the config's ``train.off_policy``."""
-    from ..algo.graph import graph_of
-    from .hardware_profile import get_hardware
 
     graph = graph_of(cfg)
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}

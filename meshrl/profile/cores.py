@@ -27,6 +27,9 @@ import torch.distributed as dist
 
 from ..cores import usable_cores
 from ..runtime.launch import RankPool
+from ..model.generation import sequence_logprobs
+from ..model.presets import get_preset
+from ..model.checkpoint import build_model
 
 WORK = (4, 32)  # sequences x tokens per step of the tiny model: ~30 ms of forward + backward alone
 ROUNDS = 3  # passes over every k; the curve takes the median (--quick: one)
@@ -43,9 +46,6 @@ def contention_ranks(cores: int, quick: bool) -> tuple[int, ...]:
 
 def _setup() -> int:
     """On every rank: build the step (tiny model, fixed seed), run it twice; return the threads."""
-    from ..model.generation import sequence_logprobs
-    from ..model.presets import get_preset
-    from ..model.checkpoint import build_model
 
     torch.manual_seed(0)
     model = build_model(get_preset("tiny"))

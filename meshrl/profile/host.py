@@ -13,6 +13,9 @@ every call (meshrl/plan/estimator.py ``estimate_call``).
 from __future__ import annotations
 
 import statistics
+from ..config import Config
+from ..runtime.job import in_process
+from ..runtime.plans import resolve_plan
 
 ITERATIONS = 6  # --quick: 3
 STEP_PREFIXES = ("time/call/", "time/realloc/", "time/transfer/")
@@ -29,9 +32,6 @@ def host_gap(records: list[dict]) -> dict:
 
 def measure_host_gap(quick: bool = False, timeout_s: float = 120.0) -> dict:
     """Run the one-rank runtime on the tiny preset (PPO: six calls) and return ``host_gap``."""
-    from ..config import Config
-    from ..runtime.job import in_process
-    from ..runtime.plans import resolve_plan
 
     cfg = Config()  # the built-in demo (PPO, tiny models, a rule reward)
     cfg.data.batch_size, cfg.data.gen_len, cfg.sft.steps = 8, 8, 1
