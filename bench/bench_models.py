@@ -1,6 +1,6 @@
 """Models and a tokenizer the benchmarks share, built here (nothing is downloaded).
 
-``LLAMA_3M`` is the 3.2M-parameter LLaMA of issue 14's GRPO measurement (hidden 256, 4 layers,
+``LLAMA_3M`` is the 3.2M-parameter LLaMA of the GRPO benchmark (bench/grpo_vs_trl.py) (hidden 256, 4 layers,
 8 heads, 4 KV heads, vocab 512). ``byte_tokenizer`` is a Hugging Face fast tokenizer with one token
 per byte (a byte-level BPE without merges) plus <pad>, <s>, </s>, so that meshrl (tokenizer.json)
 and transformers/TRL (AutoTokenizer) read the same tokenizer from the same checkpoint directory.

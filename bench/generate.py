@@ -105,7 +105,7 @@ def bench_train(ours, theirs, batch: int, seq: int, vocab: int, repeats: int) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="llama-3m", help="llama-3m (issue 14's GRPO model) or a meshrl preset")
+    ap.add_argument("--preset", default="llama-3m", help="llama-3m (the GRPO benchmark's model) or a meshrl preset")
     ap.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--prompt-len", default="16,64", help="min,max prompt length")
     ap.add_argument("--new-tokens", type=int, default=32)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU figure of issue 13 in one run (budget: <= 10 minutes on one H200; each step has its own timeout):
+# Every GPU figure in one run (budget: <= 10 minutes on one H200; each step has its own timeout):
 #   1. the CUDA tests (tests/gpu) and the strict-communication unit tests, on the GPU;
 #   2. a bf16 training step of a ~1B preset (qwen2.5-1.5b) on one GPU: tokens/s and MFU against the
 #      H200's datasheet bf16 peak, and its peak memory predicted (planner) against measured

@@ -3,7 +3,7 @@
     python bench/grpo_vs_trl.py [--steps 8] [--rounds 2] [--threads 0] [--compile] [--dtype float32|bfloat16]
                                  [--trl-dtype float32|bfloat16] [--trl-compile] [--trl-venv DIR]
 
-Issue 14's setting: a 3.2M-parameter LLaMA (bench_models.LLAMA_3M, random weights, one checkpoint
+The setting: a 3.2M-parameter LLaMA (bench_models.LLAMA_3M, random weights, one checkpoint
 directory read by both), 8 addition prompts x 4 samples, at most 32 new tokens, one optimizer step
 per iteration, KL to a reference model (coefficient 0.04 on both sides), the same rule reward.
 TRL runs in its own virtual environment, made on first use by this script (``--trl-venv``, default

@@ -1,6 +1,6 @@
 """Predicted against measured peak memory per call (`meshrl plan --validate --json`), over strategies
-on 2 and 4 local gloo ranks, with the median and worst |error| over the modelled calls (issue 13's
-target: median <= 15%). Memory does not depend on the machine's speed, so any CPU profile will do
+on 2 and 4 local gloo ranks, with the median and worst |error| over the modelled calls (target:
+median <= 15%). Memory does not depend on the machine's speed, so any CPU profile will do
 (--profile; without one the figures of tests/plan/test_validate.py are written to a temp file).
 
     python bench/memory_accuracy.py [--ranks 2,4] [--strategies colocated,interleaved,disaggregated]

@@ -77,7 +77,8 @@ class TrainConfig:
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or
     # reallocation may wait for another rank; a hanging rank ends the job after about this long
     dtype: str = "auto"  # float32 | bfloat16 (bf16 weights/activations/grads, fp32 master + AdamW
-    # moments sharded by ZeRO-1, fp32 log-probs and losses); auto: bfloat16 on CUDA, float32 on a CPU
+    # moments sharded by ZeRO-1, fp32 log-probs and losses) | float64 (CPU: everything in float64, for
+    # exact comparisons); auto: bfloat16 on CUDA, float32 on a CPU
     activation_checkpointing: bool = False  # recompute each layer's activations in the backward
     grad_bucket_mb: float = 25.0  # data-parallel gradient all-reduce bucket, MiB (PyTorch DDP's default)
     overlap_grad_reduce: bool = True  # all-reduce each bucket as the last micro-batch's backward fills it
@@ -122,6 +123,10 @@ class PPOConfig:
     whiten_advantages: bool = True  # PPO: whiten GAE advantages over the mini-batch
     normalize_rewards: bool = False  # PPO/ReMax: whiten sequence scores over the iteration's batch
     grpo_std: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO style)
+    # Rollout correction (docs/algorithms.md): the engine's sampling log-probs against the trainer's
+    rollout_is: str = "off"  # off | token | sequence: truncated importance weights pi_trainer / pi_engine
+    rollout_is_cap: float = 2.0  # the weights' upper bound (TRL's vllm_importance_sampling_cap default)
+    rollout_mask_above: float | None = None  # drop sequences whose mean k3 mismatch exceeds this (None: keep all)
 
 
 @dataclass
@@ -132,6 +137,7 @@ class GenConfig:
     compile: bool = False  # decode steps (fixed shapes) and the prefill's layers (dynamic shapes)
     # through torch.compile: same tokens, faster after a one-off compile of about a minute on a CPU
     # (docs/model.md has the measurements)
+    backend: str = "meshrl"  # meshrl (our exact engine) | vllm (vLLM engines, one per dp replica; docs/vllm.md)
 
 
 @dataclass
@@ -218,8 +224,8 @@ class Config:
                 raise UserError(f"cluster.{name} must be >= 1, got {getattr(self.cluster, name)}")
         if self.algo in ("grpo", "rloo") and self.data.samples_per_prompt == 1:
             self.data.samples_per_prompt = 4  # a group of one has no baseline; 4 is the default
-        if self.train.dtype not in ("auto", "float32", "bfloat16"):
-            raise UserError(f"train.dtype={self.train.dtype!r} is not one of auto, float32, bfloat16")
+        if self.train.dtype not in ("auto", "float32", "bfloat16", "float64"):
+            raise UserError(f"train.dtype={self.train.dtype!r} is not one of auto, float32, bfloat16, float64")
         if self.ppo.kl_mode not in ("auto", "reward", "loss"):
             raise UserError(f"ppo.kl_mode={self.ppo.kl_mode!r} is not one of auto, reward, loss")
         if self.ppo.kl_estimator not in ("auto", "k1", "k2", "k3", "abs"):

@@ -12,10 +12,9 @@ The rule (``train.threads``, 0 = auto):
 
 Threads that wait sleep (``OMP_WAIT_POLICY=PASSIVE``, unless the user set another policy): with
 the default policy a thread waiting at the end of a parallel region spins, and where other
-processes share the cores its partner is often descheduled, so it spins for its whole time slice.
-Measured on this 2-core machine at a load average of ~22 (forward + backward of the tiny model,
-32 x 32 tokens; docs/runtime.md "Threads per rank"): 1 thread 0.28-0.32 s per step, 2 spinning
-threads 6.5-7.9 s (and 14x the CPU time), 2 sleeping threads 0.40-0.55 s. The variable is read
+processes share the cores its partner is often descheduled, so it spins for its whole time slice
+(on shared cores two spinning threads can take 20x as long as one; ``bench/threads_wait.py``
+measures it, docs/runtime.md "Threads per rank"). The variable is read
 when torch loads its OpenMP runtime, so ``meshrl``'s command sets it first thing, and the launcher
 puts it in every rank's environment.
 

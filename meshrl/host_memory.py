@@ -5,9 +5,8 @@ PyTorch's CPU allocator is plain ``malloc``. glibc serves blocks above its mmap 
 rising to at most 32 MiB) with a fresh ``mmap`` and returns them to the kernel on ``free``, and
 trims the heap's top whenever more than 128 KiB are free there. A forward pass allocates and frees
 the same activation sizes again and again, so every one of them is a new mapping whose every 4 KiB
-page faults on first touch: measured on this 2-core VM, generation's prefill at batch 32 (LLAMA_3M,
-prompts 16..64) took 20,100 minor page faults a call and 115 ms CPU; with freed memory kept, 0
-faults and 71 ms (docs/model.md "Host memory"). A GPU run is spared this by the CUDA caching
+page faults on first touch, which can cost a third of a CPU prefill's time (docs/model.md "Host
+memory" has the measurement). A GPU run is spared this by the CUDA caching
 allocator; this is the host's equivalent, set the way the glibc manual offers:
 ``M_MMAP_MAX = 0`` (no block gets its own mapping) and a trim threshold of 2 GiB (freed memory
 stays in the heap for the next step). The cost: the process keeps its peak heap.

@@ -5,7 +5,7 @@ cycle between files, and every import left inside a function says why on its lin
 Layers, bottom up (DESIGN.md "One path"): errors, cores and host_memory; config (the sections, which
 every package reads: it imports nothing of meshrl but errors); model (knows no ranks); layout (pure
 rank and shard math) and data; algo (the calls, written against a model handle: no runtime, no
-layout, no parallel code); parallel; realloc; plan (pure: no torch.distributed, no runtime);
+layout, no parallel code); parallel; gen (generation backends); realloc; plan (pure: no torch.distributed, no runtime);
 observe; runtime; profile (measures the machine by running the layers below); commands and cli on
 top. The top-level modules are layers like the packages (no exemption)."""
 
@@ -19,7 +19,8 @@ import meshrl
 ROOT = Path(meshrl.__file__).parent
 # package -> packages it must never import (directly or lazily)
 TOP = {"commands", "cli"}
-EVERY = {"algo", "model", "layout", "data", "parallel", "realloc", "plan", "observe", "runtime", "profile", *TOP}
+EVERY = {"algo", "model", "layout", "data", "parallel", "gen", "realloc", "plan", "observe", "runtime", "profile",
+         *TOP}
 FORBIDDEN = {
     "errors": EVERY | {"config", "cores", "host_memory"},
     "cores": EVERY | {"config", "host_memory"},
@@ -33,6 +34,7 @@ FORBIDDEN = {
     "realloc": {"runtime", "algo", "plan", "profile", *TOP},
     "data": {"runtime", "parallel", "realloc", "algo", "plan", "profile", *TOP},
     "observe": {"runtime", "profile", *TOP},
+    "gen": {"runtime", "algo", "plan", "realloc", "profile", *TOP},
     "runtime": {"profile", *TOP},
     "profile": TOP,
     "commands": {"cli"},

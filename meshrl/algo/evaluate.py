@@ -27,9 +27,16 @@ from .calls import Place
 import copy
 
 
+def evaluates(cfg: Config) -> bool:
+    """Whether the run evaluates its policy: with eval.path, or an RL run on the built-in demo (its
+    held-out problems, meshrl/data/demo.py)."""
+    demo = cfg.data.path is None and cfg.algo not in ("sft", "rm", "dpo")
+    return cfg.eval.path is not None or demo
+
+
 def eval_due(cfg: Config, iteration: int) -> bool:
     """Whether the policy is evaluated at the start of ``iteration``."""
-    return cfg.eval.path is not None and iteration % cfg.eval.every == 0
+    return evaluates(cfg) and iteration % cfg.eval.every == 0
 
 
 def eval_batch(cfg: Config, tok) -> Batch:

@@ -17,6 +17,7 @@ from torch import nn
 from ..model.generation import GenerationConfig, GenerationOutput, generate
 from ..model.heads import HeadOutputs, pad_head, split_micro, trim_columns
 from ..model.moe import set_moe_aux
+from ..model.numerics import wide
 
 LossFn = Callable[[HeadOutputs, Mapping[str, torch.Tensor]], torch.Tensor]
 
@@ -59,8 +60,8 @@ class LocalHandle:
         out = self.model(run["input_ids"], run["attention_mask"])
         width = mb["input_ids"].shape[1]
         if out.dim() == 2:  # a value model: [b, S']
-            return pad_head(HeadOutputs(values=out.float()), lo, width)
-        logp_all = torch.log_softmax(out[:, :-1].float(), -1)
+            return pad_head(HeadOutputs(values=wide(out)), lo, width)
+        logp_all = torch.log_softmax(wide(out[:, :-1]), -1)
         lp = logp_all.gather(-1, run["input_ids"][:, 1:, None]).squeeze(-1)
         ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
         return pad_head(HeadOutputs(logprobs=lp, entropy=ent), lo, width)

@@ -20,7 +20,7 @@ from .user_rewards import part_names
 
 RL_ALGOS = ("ppo", "grpo", "remax", "rloo")
 CONSOLE_KEYS = {
-    "rl": ("reward/mean", "kl/k1", "actor/pg_loss", "critic/vf_loss", "response/length"),
+    "rl": ("reward/mean", "kl/k1", "actor/pg_loss", "critic/vf_loss", "response/length", "eval/accuracy"),
     "sft": ("sft/loss", "reward/mean"), "dpo": ("dpo/loss", "dpo/accuracy", "reward/mean"),
     "rm": ("rm/loss", "rm/accuracy", "rm/heldout_accuracy"),
 }

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from ..model.numerics import wide
 
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """logits [B, T, V] predicting ids [B, T] -> log p(ids) [B, T] in float32."""
-    return torch.log_softmax(logits.float(), -1).gather(-1, ids[..., None]).squeeze(-1)
+    """logits [B, T, V] predicting ids [B, T] -> log p(ids) [B, T] in float32 (float64 stays)."""
+    return torch.log_softmax(wide(logits), -1).gather(-1, ids[..., None]).squeeze(-1)
 
 
 def response_logits(logits: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -29,7 +30,7 @@ def response_logits(logits: torch.Tensor, prompt_len: int) -> torch.Tensor:
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Per-position entropy of softmax(logits): [B, N, V] -> [B, N]."""
-    logp = torch.log_softmax(logits.float(), -1)
+    logp = torch.log_softmax(wide(logits), -1)
     return -(logp.exp() * logp).sum(-1)
 
 
@@ -94,13 +95,15 @@ def log_ratio(logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor, ki
 
 def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
                 clip: float, denom: Norm | float, clip_high: float | None = None, dual_clip: float = 0.0,
-                ratio: str = "token", agg: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                ratio: str = "token", agg: str = "token-mean", weights: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017) with the variants verl offers, per token:
 
         r_t  = exp(log_ratio)                     (``ratio``: token, or GSPO's sequence ratio)
         L_t  = max(-A_t r_t, -A_t clip(r_t, 1 - clip, 1 + clip_high))   (DAPO's clip-higher)
         L_t  = min(L_t, c |A_t|)  where A_t < 0, if dual_clip = c > 1    (Ye et al. 2020, dual-clip)
 
+    times ``weights`` [B, N] when given (rollout correction, meshrl/algo/mismatch.py: constants),
     aggregated by ``agg`` over the mask (see ``aggregate``). All [B, N]. Returns (loss, sums for
     stats, token-mean: clipped tokens, dual-clipped tokens, approx KL to the old policy)."""
     hi = clip if clip_high is None else clip_high
@@ -114,13 +117,15 @@ def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, m
         cap = -adv * dual_clip  # = c |A| where A < 0
         dual = (adv < 0) & (per_token > cap)
         per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
+    if weights is not None:
+        per_token = per_token * weights.detach()
     loss = aggregate(per_token, mask, denom, agg)
     tokens = denom.tokens if isinstance(denom, Norm) else float(denom)
     with torch.no_grad():
-        stats = {"clipfrac": masked_sum_over((l2 > l1).float(), mask, tokens),
+        stats = {"clipfrac": masked_sum_over((l2 > l1).to(l1.dtype), mask, tokens),
                  "approx_kl": masked_sum_over(0.5 * (logp - logp_old).pow(2), mask, tokens)}
         if dual_clip > 0.0:
-            stats["dual_clipfrac"] = masked_sum_over(dual.float(), mask, tokens)
+            stats["dual_clipfrac"] = masked_sum_over(dual.to(l1.dtype), mask, tokens)
     return loss, stats
 
 
@@ -134,7 +139,7 @@ def value_loss(values: torch.Tensor, values_old: torch.Tensor, returns: torch.Te
     l2 = (v_clipped - returns).pow(2)
     loss = masked_sum_over(0.5 * torch.maximum(l1, l2), mask, denom)
     with torch.no_grad():
-        stats = {"clipfrac": masked_sum_over((l2 > l1).float(), mask, denom)}
+        stats = {"clipfrac": masked_sum_over((l2 > l1).to(l1.dtype), mask, denom)}
     return loss, stats
 
 
@@ -152,7 +157,7 @@ def dpo_loss(pi_chosen: torch.Tensor, pi_rejected: torch.Tensor, ref_chosen: tor
     margin = beta * ((pi_chosen - ref_chosen) - (pi_rejected - ref_rejected))
     loss = -F.logsigmoid(margin).sum() / denom
     with torch.no_grad():
-        stats = {"margin": margin.sum() / denom, "accuracy": (margin > 0).float().sum() / denom}
+        stats = {"margin": margin.sum() / denom, "accuracy": (margin > 0).to(margin.dtype).sum() / denom}
     return loss, stats
 
 
@@ -162,5 +167,5 @@ def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, denom: 
     diff = r_chosen - r_rejected
     loss = -F.logsigmoid(diff).sum() / denom
     with torch.no_grad():
-        stats = {"accuracy": (diff > 0).float().sum() / denom}
+        stats = {"accuracy": (diff > 0).to(diff.dtype).sum() / denom}
     return loss, stats

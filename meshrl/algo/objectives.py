@@ -13,6 +13,7 @@ from .advantages import (broadcast_to_tokens, gae, group_advantages, masked_whit
                          remax_advantages, rloo_advantages, token_rewards)
 from .batch import Batch
 from .kl import kl_estimate
+from ..model.numerics import wide
 
 
 def kl_settings(cfg: Config, algo: str) -> tuple[str, str]:
@@ -26,7 +27,7 @@ def ppo_advantages(batch: Batch, cfg: Config) -> tuple[torch.Tensor, torch.Tenso
     """GAE over the iteration's batch -> (advantages, returns), both [B, N]."""
     mask = batch["response_mask"].float()
     mode, est = kl_settings(cfg, "ppo")
-    scores = batch["scores"].float()
+    scores = wide(batch["scores"])
     if cfg.ppo.normalize_rewards:
         scores = normalize_scores(scores)
     kl = kl_estimate(batch["logp_old"], batch["logp_ref"], est) * mask if mode == "reward" else None
@@ -41,7 +42,7 @@ def critic_free_advantages(batch: Batch, cfg: Config, algo: str) -> torch.Tensor
     """GRPO / RLOO / ReMax: one advantage per sequence, on each of its response tokens, [B, N]."""
     mask = batch["response_mask"].float()
     mode, est = kl_settings(cfg, algo)
-    scores = batch["scores"].float()
+    scores = wide(batch["scores"])
     if mode == "reward":  # sequence-level KL penalty: sum of the per-token estimates
         scores = scores - cfg.ppo.kl_coef * (kl_estimate(batch["logp_old"], batch["logp_ref"], est) * mask).sum(-1)
     n = cfg.data.samples_per_prompt
@@ -50,7 +51,7 @@ def critic_free_advantages(batch: Batch, cfg: Config, algo: str) -> torch.Tensor
     elif algo == "rloo":
         seq = rloo_advantages(scores, n)
     elif algo == "remax":
-        greedy = batch["scores_greedy"].float()
+        greedy = wide(batch["scores_greedy"])
         if cfg.ppo.normalize_rewards:
             scores, greedy = _normalize_pair(scores, greedy)
         seq = remax_advantages(scores, greedy)

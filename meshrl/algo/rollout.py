@@ -11,6 +11,7 @@ from ..config import Config
 from ..model.generation import GenerationConfig
 from .batch import Batch
 from ..data.chat import end_of_turn_id
+from ..model.numerics import wide_dtype
 
 
 def generation_config(cfg: Config, tok, greedy: bool = False) -> GenerationConfig:
@@ -34,7 +35,7 @@ def pack_generation(out, p_ids: torch.Tensor, p_mask: torch.Tensor, n: int, pad:
     b = p_ids.shape[0]
     resp = torch.full((b, n), pad, dtype=torch.long)
     mask = torch.zeros(b, n, dtype=torch.long)
-    logp = torch.zeros(b, n, dtype=torch.float32)
+    logp = torch.zeros(b, n, dtype=wide_dtype(out.response_logprobs.dtype))
     w = out.responses.shape[1]
     resp[:, :w], mask[:, :w], logp[:, :w] = out.responses, out.response_mask, out.response_logprobs
     return {"input_ids": torch.cat([p_ids, resp], 1), "attention_mask": torch.cat([p_mask, mask], 1),

@@ -31,6 +31,9 @@ def train_records(cfg: Config) -> list[dict]:
 
 
 def eval_records(cfg: Config) -> list[dict]:
+    """The held-out prompt records: eval.path's, else (the demo) its held-out problems."""
+    if cfg.eval.path is None:
+        return demo.prompts("heldout")
     return list(_records(cfg.eval.path))
 
 

@@ -46,7 +46,7 @@ def value_model_like(actor: torch.nn.Module, spec, seed: int, zero_head: bool = 
     build_model's random head (std 0.02) when False."""
     if spec.path:
         return load_pretrained(spec.path, value_head=True, seed=seed)
-    model = build_model(actor.config, seed=seed, value_head=True)
+    model = build_model(actor.config, seed=seed, value_head=True).to(next(actor.parameters()).dtype)
     model.model.load_state_dict(actor.model.state_dict())
     if zero_head:
         with torch.no_grad():

@@ -19,7 +19,7 @@ from ..plan.search import DEFAULT_STEPS
 from ..plan.fallback import planning_config
 from ..plan.problem import problem_from_config
 from ..plan.report import NAMES, comparison_table, compare, explain, plan_table
-from .train import split_items
+from .train import run_config, split_items
 from ..plan.lengths import apply_lengths
 from dataclasses import replace
 from ..plan.simulator import iteration_time
@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
                             f"drop {config} (key=value overrides are allowed)")
         return calibrate(args, names, overrides, steps)
     cfg = load_settings(config, overrides)
+    if config is None and cfg.data.path is None and cfg.models == type(cfg.models)():
+        cfg, _ = run_config(config, overrides)  # the demo's models: plan the demo's sizes, as it trains
     if args.validate:
         check_validate(cfg, args)
     if args.lengths_from:
@@ -166,6 +168,9 @@ def off_policy_line(problem, results: dict, chosen: str, flipped: dict[str, floa
     on, off = (now, flipped) if problem.off_policy else (flipped, now)
     best_on, best_off = min(on, key=on.get), min(off, key=off.get)
     saved = 1 - on[best_on] / off[best_off] if off[best_off] > 0 else 0.0
+    if saved < 0.005:  # nothing to hide generation behind (one device, or generation is not the bottleneck)
+        return (f"train.off_policy=1 (generation one step off-policy) would not save time here: best plan "
+                f"{best_off} {off[best_off]:.3g} s on-policy, {best_on} {on[best_on]:.3g} s off-policy")
     return (f"train.off_policy=1 (generation one step off-policy: the config's choice, it changes results) "
             f"{'saves' if problem.off_policy else 'would save'} {saved:.0%} of an iteration: best plan "
             f"{best_on} {on[best_on]:.3g} s against {best_off} {off[best_off]:.3g} s on-policy")

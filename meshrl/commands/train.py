@@ -102,8 +102,19 @@ def sizes_line(cfg) -> str:
                f"(env.fn={cfg.env.fn})" if cfg.env.fn else ""))
 
 
-def run(args: argparse.Namespace) -> int:
+def run_config(config: str | None, overrides: list[str]):
+    """(the run's config, whether it is the built-in demo): with no config file and no data.path, the
+    demo's sizes for the algorithm (DEMO_DEFAULTS), then the user's overrides on top."""
     from .settings import load_settings  # lazy: --help and `meshrl plan` load no torch
+
+    cfg = load_settings(config, overrides)
+    is_demo = config is None and cfg.data.path is None
+    if is_demo:
+        cfg = load_settings(None, DEMO_DEFAULTS[cfg.algo] + overrides)
+    return cfg, is_demo
+
+
+def run(args: argparse.Namespace) -> int:
     from ..algo.inputs import check_inputs  # lazy: --help and `meshrl plan` load no torch
     from ..algo.setup import warmup_plan  # lazy: --help and `meshrl plan` load no torch
 
@@ -111,10 +122,7 @@ def run(args: argparse.Namespace) -> int:
     config, overrides = split_items(args.items)
     if args.replan_every is not None:
         overrides = [*overrides, f"replan.every={args.replan_every}"]
-    cfg = load_settings(config, overrides)
-    is_demo = config is None and cfg.data.path is None
-    if is_demo:  # the demo's sizes for this algorithm, then the user's overrides on top
-        cfg = load_settings(None, DEMO_DEFAULTS[cfg.algo] + overrides)
+    cfg, is_demo = run_config(config, overrides)
     out = Path(args.out or (DEFAULT_OUT if is_demo and cfg.algo == "ppo" else f"runs/{cfg.algo}"))
     rank0 = _rank0()  # under torchrun only global rank 0 looks at and writes OUT (the others would race it)
     if rank0:
@@ -139,20 +147,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _rank0() -> bool:
     """Whether this process is the job's console and OUT writer: always, except under torchrun."""
-
     from ..runtime.job import under_torchrun  # lazy: --help and `meshrl plan` load no torch
 
     return not under_torchrun() or os.environ.get("RANK") == "0"
 
 
 def check_plan_spec(cfg, spec: str | None, world: int) -> None:
-    """``--plan``: a strategy name, or a plan file that exists, parses and fits this run (checked
-    before anything is written; under torchrun the world is the job's)."""
-
-
-    if spec is None or spec in BUILDERS or spec == "search":
+    """``--plan``: a strategy that can place this run, or a plan file that exists, parses and fits it,
+    checked before anything is written (a refused start leaves no run behind in --out); under torchrun
+    the world is the job's. A search is run by the job itself (it can take a while)."""
+    spec = spec or "colocated"
+    if spec == "search":
         return
-    if not Path(spec).is_file():
+    if spec not in BUILDERS and not Path(spec).is_file():
         if spec.endswith(".json") or "/" in spec or Path(spec).exists():
             raise UserError(f"--plan: plan file not found: {spec}")
         raise UserError(f"--plan: unknown strategy {spec!r}; known: {', '.join([*BUILDERS, 'search'])}, "
@@ -164,7 +171,7 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
 def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
     """Every run is the runtime (meshrl/runtime/job.py): one rank in this process by default,
     ``--nprocs N`` local ranks, or the ranks of a torchrun job; all write the same OUT/ and resume."""
-
+    from ..observe.metrics import eval_summary  # lazy: --help and `meshrl plan` load no torch
     from ..runtime.job import (  # lazy: --help and `meshrl plan` load no torch
         launch, local_ranks, threads_per_rank, under_torchrun)
 
@@ -188,26 +195,38 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
         print(f"reward/mean: {records[0]['reward/mean']:.3f} at iteration {records[0]['iteration']} -> "
               f"{records[-1]['reward/mean']:.3f} at iteration {records[-1]['iteration']}")
     trained = "reward" if cfg.algo == "rm" else "actor"
-    if is_demo and cfg.algo != "rm" and (out / trained).is_dir():
-        print("greedy answers of the trained actor: " + examples(out / trained))
     warm = ", sft-warmup/ (the SFT warm-up's actor)" if (out / "sft-warmup").is_dir() else ""
     print(f"outputs in {out}/: config.yaml, plan.json, metrics.jsonl, tensorboard/ (tensorboard --logdir {out}), "
           f"trace.json (Perfetto), ckpt-*/ (--resume), {trained}/ (Hugging Face checkpoint){warm}")
+    if is_demo and cfg.algo not in ("sft", "rm", "dpo") and (out / "actor").is_dir():
+        print(heldout_line(out, cfg.algo))  # the demo's last line, from the saved actors
+    elif records and eval_summary(records):
+        print("\n".join(eval_summary(records)))  # a run with eval.path ends with its evaluations
     return 0
 
 
-def examples(model_dir: Path, prompts: tuple[str, ...] = ("3+4=", "8+5=", "9+9=", "6+7=", "2+9=")) -> str:
-    """'3+4=7 ok, 8+5=12 wrong, ...': the saved actor, greedy, on a few demo problems."""
+def heldout_accuracy(model_dir: Path) -> tuple[int, int]:
+    """(right, asked): the saved actor's greedy answers to the demo's held-out problems, which no stage
+    trained on (meshrl/data/demo.py), checked by the rule."""
+    from ..data import demo  # lazy: --help and `meshrl plan` load no torch
     from ..model import (  # lazy: --help and `meshrl plan` load no torch
         ByteTokenizer, GenerationConfig, generate, load_pretrained)
 
+    records = demo.prompts("heldout")
     tok, model = ByteTokenizer(), load_pretrained(model_dir).eval()
-    out = generate(model, [tok.encode(p, add_bos=True) for p in prompts],
+    out = generate(model, [tok.encode(r["prompt"], add_bos=True) for r in records],
                    GenerationConfig(max_new_tokens=4, greedy=True, eos_token_id=tok.eos_token_id,
                                     pad_token_id=tok.pad_token_id))
-    shown = []
-    for p, row in zip(prompts, out.responses.tolist(), strict=True):
-        ans = tok.decode([t for t in row if t != tok.eos_token_id]).strip()
-        want = str(sum(int(x) for x in p[:-1].split("+")))
-        shown.append(f"{p}{ans} {'ok' if ans == want else 'wrong'}")
-    return ", ".join(shown)
+    answers = [tok.decode([t for t in row if t != tok.eos_token_id]).strip() for row in out.responses.tolist()]
+    return sum(a == r["answer"] for a, r in zip(answers, records, strict=True)), len(records)
+
+
+def heldout_line(out: Path, algo: str) -> str:
+    """The demo's last line: held-out accuracy before RL (the SFT warm-up's actor) and after."""
+    right, n = heldout_accuracy(out / "actor")
+    head = f"held-out accuracy ({n} problems no stage trained on, greedy): "
+    after = f"{right}/{n} after {algo.upper()}"
+    if not (out / "sft-warmup").is_dir():
+        return head + after
+    before, _ = heldout_accuracy(out / "sft-warmup")
+    return head + f"{before}/{n} after the SFT warm-up -> {after}"

@@ -9,6 +9,10 @@ has to find, and reinforce, the right answers. That makes the reward rise clearl
 on a CPU while every number stays checkable.
 
 Preference pairs (for the reward model and DPO) prefer the right answer over a near miss.
+
+Twenty of the hundred problems are held out (``is_heldout``): no stage trains on them, and RL runs
+on the demo report the policy's greedy accuracy on them (``eval/accuracy``) before the first
+iteration and every ``eval.every`` iterations, so what the demo shows is learning, not recall.
 """
 
 from __future__ import annotations
@@ -19,9 +23,20 @@ MAX_OPERAND = 9
 SFT_NOISE = 0.6  # fraction of SFT answers that are wrong
 
 
-def problems() -> list[tuple[int, int]]:
-    """Every (a, b) with 0 <= a, b <= MAX_OPERAND, in a fixed order."""
-    return [(a, b) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1)]
+def is_heldout(a: int, b: int) -> bool:
+    """The 20 problems no stage trains on (two per first operand, two per second), kept for evaluation."""
+    return (a + 2 * b) % 5 == 0
+
+
+def problems(split: str = "train") -> list[tuple[int, int]]:
+    """The (a, b) with 0 <= a, b <= MAX_OPERAND of a split, in a fixed order: "train" (80 problems: RL
+    prompts, SFT demonstrations), "heldout" (the other 20: evaluation only) or "all"."""
+    every = [(a, b) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1)]
+    if split == "all":
+        return every
+    if split not in ("train", "heldout"):
+        raise ValueError(f"unknown split {split!r}")
+    return [(a, b) for a, b in every if is_heldout(a, b) == (split == "heldout")]
 
 
 def _prompt(a: int, b: int) -> str:
@@ -41,9 +56,10 @@ def _near_miss(rng: random.Random, answer: int, offsets: tuple[int, ...] = NEAR_
             return wrong
 
 
-def prompts() -> list[dict[str, str]]:
-    """The RL prompt set: every problem once, with its answer for the rule reward."""
-    return [{"prompt": _prompt(a, b), "answer": str(a + b)} for a, b in problems()]
+def prompts(split: str = "train") -> list[dict[str, str]]:
+    """A split's problems once each, with the answer for the rule reward: "train" is the RL prompt set,
+    "heldout" the demo's evaluation (eval/accuracy)."""
+    return [{"prompt": _prompt(a, b), "answer": str(a + b)} for a, b in problems(split)]
 
 
 def sft_records(seed: int, n: int, noise: float = SFT_NOISE) -> list[dict[str, str]]:
@@ -60,10 +76,10 @@ def sft_records(seed: int, n: int, noise: float = SFT_NOISE) -> list[dict[str, s
 
 def preference_records(seed: int, n: int, heldout: bool = False) -> list[dict[str, str]]:
     """``n`` pairs {"prompt", "chosen" (right answer), "rejected" (a near miss)}. Training pairs miss
-    by 1 or 2, held-out pairs by 3, so no held-out pair is a training pair."""
+    by 1 or 2, held-out pairs by 3, so no held-out pair is a training pair (both on the training problems)."""
     rng = random.Random(seed)
-    probs = problems()
     offsets = HELDOUT_MISSES if heldout else TRAIN_MISSES
+    probs = problems()  # the RL stage's held-out problems stay unseen by the reward model too
     out = []
     for _ in range(n):
         a, b = rng.choice(probs)

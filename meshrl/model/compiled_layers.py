@@ -6,9 +6,8 @@ Eager PyTorch runs a layer as ~35 kernels a forward and more a backward: the RMS
 and means, RoPE's halves, SwiGLU's product, residual adds, the padding-free layout's scatters.
 Inductor fuses them into a few loops per layer; the matmuls and attention stay library calls. This
 matters most where the matmuls are cheap next to the rest: bf16 on a CPU with AMX, whose matmuls are
-3-7x the float32 ones while its elementwise kernels are not faster at all. Measured on this 2-core
-VM (LLAMA_3M, 32 x 48 tokens, 8 of them left padding, bf16): forward + backward 72.2 -> 54.6 ms,
-forward 18.7 -> 13.5 ms (docs/model.md "Compiled layers").
+3-7x the float32 ones while its elementwise kernels are not faster at all (docs/model.md "Compiled
+layers" has the measurements).
 
 One compiled function serves every layer (the layer is an argument: its parameters are graph
 inputs, so a model compiles once, not once per layer), with dynamic shapes: batch, sequence and

@@ -35,6 +35,7 @@ from .compiled_layers import allow_recompiles, prefill_layer
 from .sampling import filter_logits, row_keys, sample_tokens
 from .batch_layout import KVCache
 from .transformer import CausalLM
+from .numerics import wide
 
 __all__ = ["GenerationConfig", "GenerationOutput", "generate", "sequence_logprobs", "filter_logits"]
 
@@ -145,9 +146,10 @@ def decode_one(model: CausalLM, tok: torch.Tensor, mask: torch.Tensor, caches: l
                start: torch.Tensor | int) -> torch.Tensor:
     """tok [B] written at cache slot ``start``; mask [B, start+1] covers the filled cache, or, with
     ``start`` a 0-dim long tensor, mask [B, max_len] covers the whole cache: then the shapes are the
-    same at every step (one compiled graph). -> next-token logits [B, V] float32."""
+    same at every step (one compiled graph). -> next-token logits [B, V] float32 (float64 for a
+    float64 model: model/numerics.py)."""
     hidden = model.model(tok[:, None], mask, caches, start)
-    return model.lm_head(hidden[:, -1]).float()
+    return wide(model.lm_head(hidden[:, -1]))
 
 
 def decode_and_pick(model, tok: torch.Tensor, mask: torch.Tensor, caches: list[KVCache], slot: torch.Tensor,
@@ -174,10 +176,10 @@ def pick_token(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.Tens
 
 
 # Compiled decode steps are specialised to their shapes (dynamic=False): a graph with symbolic batch
-# and cache sizes ran its steps ~2x slower on this CPU (b 8: 5.0 vs 2.4 ms; b 32: 10.8 vs 7.8 ms,
-# llama-3m, docs/model.md). Shapes are kept to few values instead: the cache length is rounded up to
-# a multiple of CACHE_BUCKET (unwritten slots are masked), compaction shrinks the batch to a power
-# of two, so a run compiles a handful of graphs and then reuses them.
+# and cache sizes runs its steps about 2x slower on a CPU (docs/model.md). Shapes are kept to few
+# values instead: the cache length is rounded up to a multiple of CACHE_BUCKET (unwritten slots are
+# masked), compaction shrinks the batch to a power of two, so a run compiles a handful of graphs and
+# then reuses them.
 CACHE_BUCKET = 32
 
 
@@ -297,12 +299,13 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
     b, p = ids.shape
     n, dev = cfg.max_new_tokens, ids.device
     mask, out_tok, out_lp, out_alive, slot, every = loop_buffers(prompt_mask, cfg, static)
-    record = _Record(out_tok, out_lp, out_alive, cfg.pad_token_id)
     rows = torch.arange(b, device=dev)  # original index of each row still in the batch
     alive = torch.ones(b, dtype=torch.bool, device=dev)
     steps = torch.arange(n, device=dev)  # the sampling noise's step, a 0-dim tensor each (no retrace)
     slots = slot + steps  # the decode step's cache slot, a 0-dim tensor each
     tok, lp = pick(prefill(ids, prompt_mask), rows, steps[0])
+    out_lp = out_lp.to(lp.dtype)  # float32, or float64 for a float64 model
+    record = _Record(out_tok, out_lp, out_alive, cfg.pad_token_id)
     for step in range(n):
         record.add(tok, lp, alive)
         if cfg.eos_token_id is not None:
@@ -344,7 +347,7 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     def prefill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # Only the last position goes through the LM head (the others' logits are never used).
         h = model.model(x, mask, caches, 0, layer_fn=prefill_layer if cfg.use_compile else None, last_only=True)
-        return model.lm_head(h[:, -1]).float()
+        return wide(model.lm_head(h[:, -1]))
 
     return decode_loop(prefill, lambda tok, mask, slot: decode_one(model, tok, mask, caches, slot),
                        lambda logits, rows, step: pick_token(logits, None if keys is None else keys[rows], step,
@@ -355,9 +358,10 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
 
 def sequence_logprobs(model: CausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                       ) -> torch.Tensor:
-    """input_ids, attention_mask [B, T] -> [B, T-1] float32: log p(token t+1 | tokens <= t).
+    """input_ids, attention_mask [B, T] -> [B, T-1] float32 (float64 for a float64 model): log p(token
+    t+1 | tokens <= t).
     Differentiable (use it for PPO's new log-probs); values at pad positions are meaningless."""
-    logits = model(input_ids, attention_mask)[:, :-1].float()
+    logits = wide(model(input_ids, attention_mask)[:, :-1])
     target = input_ids[:, 1:]
     picked = logits.gather(-1, target[..., None]).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)

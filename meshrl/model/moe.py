@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .numerics import wide
 
 
 class Expert(nn.Module):
@@ -92,7 +93,7 @@ def balance_loss_per_row(logits: torch.Tensor, top_k: int, token_mask: torch.Ten
     """Router logits [B, S, E], token_mask [B, S] (1 = real) -> load-balancing loss per row [B]:
     ``E * sum_e f_e * P_e`` over the row's real tokens (transformers' formula for one sequence)."""
     e = logits.shape[-1]
-    probs = logits.float().softmax(-1)  # [B, S, E]
+    probs = wide(logits).softmax(-1)  # [B, S, E]
     picks = F.one_hot(probs.topk(top_k, dim=-1).indices, e).sum(-2).float()  # [B, S, E] (k picks)
     m = token_mask.float()[..., None]
     n = m.sum(1).clamp(min=1)  # [B, 1]
@@ -119,7 +120,7 @@ class SparseMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> (logits [T, E], top-k weights [T, k], top-k expert ids [T, k])."""
         logits = self.gate(x)
-        probs = logits.float().softmax(-1)
+        probs = wide(logits).softmax(-1)
         top, idx = probs.topk(self.top_k, dim=-1)
         if self.norm_topk:
             top = top / top.sum(-1, keepdim=True)

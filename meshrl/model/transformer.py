@@ -25,6 +25,7 @@ from .config import ModelConfig
 from .hf_save import DEFAULT_MAX_SHARD_BYTES, save_pretrained
 from .moe import SparseMoE
 from .rope import rope_cos_sin
+from .numerics import wide
 
 
 class RMSNorm(nn.Module):
@@ -37,7 +38,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x32 = x.float()
+        x32 = wide(x)  # float32 (float64 stays float64)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
 

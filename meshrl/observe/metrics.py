@@ -58,10 +58,28 @@ def no_signal_note(record: dict) -> str | None:
     if record.get("reward/std") != 0.0 or "reward/mean" not in record:
         return None
     return (f"note: at iteration {record['iteration']} every sample got the same reward "
-            f"({record['reward/mean']:.3g}), so the advantages are 0 and the policy learns nothing. If no "
-            "sample is ever rewarded, check reward.rule against your answers, start from a trained actor "
-            "(models.actor.path) or an SFT warm-up on your data (sft.path), or sample more "
-            "(data.samples_per_prompt, gen.temperature)")
+            f"({record['reward/mean']:.3g}), so that iteration's advantages are 0 and it teaches nothing. On a "
+            "hard task early iterations often look like this and the run learns from those whose samples "
+            "differ; if no sample is ever rewarded, check reward.rule against your answers, start from a "
+            "trained actor (models.actor.path) or an SFT warm-up on your data (sft.path), or sample more "
+            "(data.samples_per_prompt, gen.temperature). (Said once.)")
+
+
+def eval_summary(records: list[dict]) -> list[str]:
+    """The run's held-out evaluations, for its last lines: a row per evaluation, then first -> last."""
+    evals = [r for r in records if "eval/accuracy" in r]
+    if not evals:
+        return []
+    extra = [k for k in evals[0] if k.startswith("eval/pass@")]
+    rows = ["held-out evaluation (the policy at the start of the iteration):",
+            "  iteration  eval/accuracy  eval/reward" + "".join(f"  {k}" for k in extra)]
+    for r in evals:
+        rows.append(f"  {r['iteration']:9d}  {r['eval/accuracy']:13.3f}  {r.get('eval/reward', float('nan')):11.3f}"
+                    + "".join(f"  {r.get(k, float('nan')):{len(k)}.3f}" for k in extra))
+    first, last = evals[0], evals[-1]
+    rows.append(f"eval/accuracy: {first['eval/accuracy']:.3f} at iteration {first['iteration']} -> "
+                f"{last['eval/accuracy']:.3f} at iteration {last['iteration']}")
+    return rows
 
 
 def summary_line(record: dict, keys: tuple[str, ...]) -> str:

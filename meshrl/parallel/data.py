@@ -24,6 +24,7 @@ from torch import nn
 from ..layout.shardmap import ShardMap
 from . import comm
 from .groups import Axis, RankGroups
+from ..model.numerics import wide_dtype
 
 
 IMPLS = ("fused", "foreach", "loop")
@@ -120,7 +121,8 @@ class ZeroAdamW:
             lo, hi = min(dp.index * size, n), min((dp.index + 1) * size, n)
             self.bounds.append((lo, hi, size))
             view = p.detach().view(-1)[lo:hi]
-            self.chunks.append(nn.Parameter(view if p.dtype == torch.float32 else view.float().clone()))
+            # the fp32 master of a low-precision parameter; a float32 or float64 one is its own master
+            self.chunks.append(nn.Parameter(view if p.dtype == wide_dtype(p.dtype) else view.float().clone()))
         groups = [{"params": [c for c, x in zip(self.chunks, scales, strict=True) if x == scale], "lr": cfg.lr * scale}
                   for scale in dict.fromkeys(scales)]
         # torch's fused kernel: on a GPU one launch per step for all chunks (launches dominate
@@ -160,7 +162,7 @@ class ZeroAdamW:
         gradients, then all-gather the other ranks' chunks."""
         for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
             g = p.grad.view(-1)[lo:hi]
-            chunk.grad = g if g.dtype == chunk.dtype else g.float()
+            chunk.grad = g if g.dtype == chunk.dtype else g.to(chunk.dtype)
         self.opt.step()
         for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
             if p.dtype != chunk.dtype:  # master -> the low-precision parameter (round to nearest)

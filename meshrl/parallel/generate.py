@@ -28,6 +28,7 @@ from .groups import Axis
 from .pipeline import Pipe
 from .stage import Stage
 from .tensor import gather_vocab
+from ..model.numerics import wide, wide_dtype
 
 
 def _stage_forward(stage: Stage, x: torch.Tensor, mask: torch.Tensor, caches: list,
@@ -54,7 +55,7 @@ def _step(stage: Stage, pipe: Pipe, tp: Axis, x: torch.Tensor, mask: torch.Tenso
     if not pipe.last:
         pipe.send_forward(h)
         return None
-    return gather_vocab(stage.head(h[:, -1]), tp).float()
+    return wide(gather_vocab(stage.head(h[:, -1]), tp))
 
 
 @torch.inference_mode()
@@ -82,7 +83,8 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     if pipe.axis.size > 1 and m > 1 and len(prompts) > 1:
         return micro_decode(pipe, lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, pre),
                             lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, fwd),
-                            lambda b: make_caches(stage, b, cache_len), ids, prompt_mask, keys, cfg, m, static)
+                            lambda b: make_caches(stage, b, cache_len), ids, prompt_mask, keys, cfg, m, static,
+                            wide_dtype(stage.dtype))
     caches = make_caches(stage, len(prompts), cache_len)
 
     def pick(logits: torch.Tensor | None, rows: torch.Tensor, step: torch.Tensor
@@ -96,7 +98,7 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
             tok, lp = pick_token(logits, row_keys, step, cfg.temperature, cfg.top_k, cfg.top_p)
             packed[0], packed[1] = tok.double(), lp.double()
         pipe.broadcast_from_last(packed)
-        return packed[0].long(), packed[1].float()
+        return packed[0].long(), packed[1].to(wide_dtype(stage.dtype))
 
     # One stage, no tp: the decode step, the LM head and the pick are one compiled graph, as in
     # model.generate (per step at b 32, bf16, 2 threads, the eager head, pick and float64 packing of

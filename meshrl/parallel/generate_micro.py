@@ -64,14 +64,17 @@ def split_rows(b: int, m: int, device: torch.device) -> list[torch.Tensor]:
 
 def micro_decode(pipe: Pipe, prefill: PassFn, decode: PassFn, make_caches: Callable[[int], list],
                  ids: torch.Tensor, prompt_mask: torch.Tensor, keys: torch.Tensor | None,
-                 cfg: GenerationConfig, m: int, static: bool = False) -> GenerationOutput:
+                 cfg: GenerationConfig, m: int, static: bool = False, lp_dtype: torch.dtype = torch.float32
+                 ) -> GenerationOutput:
     """``decode_loop``'s contract and result, with ``m`` micro-batches in flight through the pipe.
     ``make_caches(b)`` makes a micro-batch's static caches (``cache_length(P + N, static)`` slots);
     ``keys`` [B] (None = greedy); ``static``: decode gets the whole mask and a tensor slot (the
-    compiled step; the slots a bucketed cache has beyond P + N stay masked)."""
+    compiled step; the slots a bucketed cache has beyond P + N stay masked); ``lp_dtype``: the
+    log-probs' dtype (model/numerics.py: float64 for a float64 model)."""
     b, p = ids.shape
     n, dev = cfg.max_new_tokens, ids.device
     mask, out_tok, out_lp, out_alive, slot, every = loop_buffers(prompt_mask, cfg, static)
+    out_lp = out_lp.to(lp_dtype)
     mbs = [_Micro(r, ids[r], mask[r], make_caches(len(r)), torch.ones(len(r), dtype=torch.bool, device=dev))
            for r in split_rows(b, m, dev)]
 
@@ -87,7 +90,7 @@ def micro_decode(pipe: Pipe, prefill: PassFn, decode: PassFn, make_caches: Calla
             pipe.send_to_stages(packed)
         else:
             pipe.recv_from_last(packed)
-        _apply(mb, packed[0].long(), packed[1].float(), step)
+        _apply(mb, packed[0].long(), packed[1].to(lp_dtype), step)
 
     def _apply(mb: _Micro, tok: torch.Tensor, lp: torch.Tensor, step: int) -> None:
         # decode_loop's bookkeeping, for one micro-batch

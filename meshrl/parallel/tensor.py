@@ -25,6 +25,7 @@ from torch import nn
 
 from . import comm
 from .groups import Axis
+from ..model.numerics import wide
 
 
 def _all_reduce(x: torch.Tensor, axis: Axis, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
@@ -66,7 +67,7 @@ class _CopyManyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *gs: torch.Tensor):  # type: ignore[override]
         device = next(g.device for g in gs if g is not None) if any(g is not None for g in gs) else None
-        flat = torch.cat([(g if g is not None else torch.zeros(s, dtype=dt, device=device)).float().reshape(-1)
+        flat = torch.cat([wide(g if g is not None else torch.zeros(s, dtype=dt, device=device)).reshape(-1)
                           for g, (s, dt) in zip(gs, ctx.shapes, strict=True)])
         _all_reduce(flat, ctx.axis)
         out, off = [], 0
@@ -124,7 +125,7 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, axis: A
     logits [B, S, V/tp] (this rank's vocabulary slice), targets [B, S] (global ids) ->
     logprobs [B, S] float32 and entropy [B, S] float32 or None, identical on every tp rank.
     Differentiable; no rank ever holds more than its own V/tp columns."""
-    z = logits.float()
+    z = wide(logits)
     if axis.group is None:  # one tp rank: exactly what the single-process model computes
         lse = torch.logsumexp(z, dim=-1)
         logprobs = z.gather(-1, targets[..., None]).squeeze(-1) - lse

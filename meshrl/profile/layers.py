@@ -77,17 +77,16 @@ def linear_fit(points: list[tuple[float, float]], slope_key: str = "sec_per_unit
 
 # The deeper model of each pair. Why 4 and not 2: the per-layer cost is a difference of two noisy
 # timings; over 3 layers instead of 1 the same timing noise moves it a third as much (with 2 layers,
-# repeated profiles of the same code scattered by +-25% on this VM: docs/planner.md).
+# repeated profiles of the same code scattered by +-25% on a shared machine: docs/planner.md).
 DEEP = 4
 
 
 def _layer_pair(f1, f2, reps: int, retries: int = 2, deep: int = DEEP) -> tuple[float, float]:
     """``pair_medians`` of a 1-layer (f1) and a ``deep``-layer (f2) model. The per-layer cost
     (t2 - t1) / (deep - 1) and the fixed cost t1 - that (embedding, head, log-probs) are both
-    positive; a pair that makes either <= 0 is noise (other tenants: at load averages over 10 here
-    it gave per-layer and fixed costs of zero), so it is timed again, up to ``retries`` times (each
-    as long as the first: at a load average of 11, doubling the repetitions made a full profile take
-    over 11 minutes); the last timing stands."""
+    positive; a pair that makes either <= 0 is noise (other processes sharing the cores), so it is
+    timed again, up to ``retries`` times, each as long as the first (more repetitions per timing
+    would lengthen every profile, not only the noisy ones); the last timing stands."""
     t1, t2 = pair_medians(f1, f2, reps)
     for _ in range(retries):
         if t1 < t2 < deep * t1:

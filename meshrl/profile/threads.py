@@ -2,7 +2,7 @@
 
 The rest of the CPU profile times one thread (machine.py, layers.py); a rank of a run gets
 ``train.threads`` threads, by default the usable cores split between the machine's ranks
-(meshrl/cores.py), so one rank alone on this 2-core machine runs 2. The planner scales the
+(meshrl/cores.py), so one rank alone on a 2-core machine runs 2. The planner scales the
 one-thread layer fits by the speedup measured here for the rank's thread count
 (meshrl/plan/hardware_profile.py ``from_profile``; docs/planner.md "Threads").
 

