@@ -1,6 +1,8 @@
 """``meshrl bench``: benchmarks that measure ours against the hardware limit, side by side in one run.
 
     meshrl bench realloc --model PRESET|DIR --from LAYOUT@RANKS --to LAYOUT@RANKS [--json]
+    meshrl bench generate --model DIR --prompts FILE.jsonl --batch-size B --max-new-tokens N
+                          [--backend meshrl|vllm] [--compile] [--greedy] [--json]   (bench_generate.py)
 
 Each benchmark is one entry of BENCHES: (help, add_arguments, run); add a new one there.
 """
@@ -116,9 +118,23 @@ def _print_realloc(out: dict, as_json: bool) -> None:
 
 
 Bench = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+def _generate_args(p: argparse.ArgumentParser) -> None:
+    from .bench_generate import add_args
+
+    add_args(p)
+
+
+def _generate_run(args: argparse.Namespace) -> int:
+    from .bench_generate import run as run_generate
+
+    return run_generate(args)
+
+
 BENCHES: dict[str, Bench] = {
     "realloc": ("move a model between two layouts, check it, and compare with p2p bandwidth",
                 _realloc_args, _realloc_run),
+    "generate": ("generation tokens/s of one backend (meshrl or vllm) after a warm-up call",
+                 _generate_args, _generate_run),
 }
 
 

@@ -120,6 +120,20 @@ def encode_all(tok, model_dir: str, items: list, chat: bool) -> list[list[int]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    model, tok, prompts, cfg = prepare(args)
+    texts, tokens, seconds = complete(meshrl_engine(model.eval()), prompts, cfg, args.seed, args.batch_size,
+                                      lambda ids: tok.decode(ids))
+    if args.json:
+        print(json.dumps({"completions": texts, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+                          "seconds": seconds}))
+    else:
+        for text in texts:
+            print(text)
+    return 0
+
+
+def prepare(args: argparse.Namespace):
+    """-> (model, tokenizer, prompt token ids, GenerationConfig) of the command line, checked."""
     import torch  # lazy: --help and `meshrl plan` load no torch
 
     from ..model import GenerationConfig  # lazy: --help and `meshrl plan` load no torch
@@ -151,32 +165,30 @@ def run(args: argparse.Namespace) -> int:
                            top_k=args.top_k, top_p=args.top_p, eos_token_id=eos, pad_token_id=pad,
                            compile=args.compile)
     cfg.validate()
-    texts, tokens, seconds = complete(model.eval(), prompts, cfg, args.seed, args.batch_size,
-                                      lambda ids: tok.decode(ids))
-    if args.json:
-        print(json.dumps({"completions": texts, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-                          "seconds": seconds}))
-    else:
-        for text in texts:
-            print(text)
-    return 0
+    return model, tok, prompts, cfg
 
 
-def complete(model, prompts: list[list[int]], cfg, seed: int, batch_size: int, decode
+def meshrl_engine(model):
+    """meshrl's engine on a whole model, as ``complete`` calls an engine: (prompts, cfg, seeds) -> output."""
+    from ..model import generate
+
+    return lambda prompts, cfg, seeds: generate(model, prompts, cfg, seeds=seeds)
+
+
+def complete(engine, prompts: list[list[int]], cfg, seed: int, batch_size: int, decode
              ) -> tuple[list[str], int, float]:
     """Generate in batches of similar length; -> (texts in input order, tokens generated, seconds).
 
+    ``engine(prompts, cfg, seeds)`` is meshrl's (``meshrl_engine``) or a Generator's ``generate``.
     Rows are batched by prompt length (less padding); each row's seed is (seed, input index), and
     sampling is batch-invariant, so the grouping changes speed only."""
-    from ..model import generate  # lazy: --help and `meshrl plan` load no torch
-
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     texts: list[str] = [""] * len(prompts)
     tokens, seconds = 0, 0.0
     for lo in range(0, len(order), batch_size):
         rows = order[lo:lo + batch_size]
         t0 = time.perf_counter()
-        out = generate(model, [prompts[i] for i in rows], cfg, seeds=[(seed << 32) + i for i in rows])
+        out = engine([prompts[i] for i in rows], cfg, [(seed << 32) + i for i in rows])
         seconds += time.perf_counter() - t0
         lens = out.response_mask.sum(1).tolist()
         tokens += int(sum(lens))

@@ -59,6 +59,12 @@ def add_parser(subparsers) -> None:
                    "(cluster.device=cpu) and print predicted against measured time per call and iteration")
     p.add_argument("--validate-iterations", type=int, default=3, metavar="N",
                    help="iterations run by --validate; the first is a warm-up and is not compared (default 3)")
+    p.add_argument("--dry-run", action="store_true", help="execute one iteration of the chosen plan at full size "
+                   "on fake tensors and a fake process group here (every rank's memory and collectives, audited)")
+    p.add_argument("--dry-run-ranks", choices=("classes", "all"), default="classes",
+                   help="simulate one rank per symmetry class and a checking member (default), or every rank")
+    p.add_argument("--dry-run-decode", choices=("ends", "all"), default="ends",
+                   help="decoding steps the dry run executes: the first and last two (default) or all")
     p.add_argument("--max-ranks", type=int, default=8, metavar="N",
                    help="the most local ranks --validate may start (default 8)")
 
@@ -85,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         cfg, _ = run_config(config, overrides)  # the demo's models: plan the demo's sizes, as it trains
     if args.validate:
         check_validate(cfg, args)
+    if args.dry_run and args.validate:
+        raise UserError("--dry-run and --validate are two runs of the plan: give one")
     if args.lengths_from:
         mean, longest = apply_lengths(cfg, args.lengths_from)
         if not args.json:
@@ -123,6 +131,15 @@ def run(args: argparse.Namespace) -> int:
         print(BARE_HINT)
     if args.json and args.validate:
         return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks, as_json=True)
+    if args.dry_run:
+        from . import plan_dry_run
+
+        if not args.json:
+            print(f"plan: {chosen}")
+            print(plan_table(problem, res.plan))
+            print(f"\ndry run: one iteration of the {chosen} plan on {res.plan.cluster.size} fake ranks ...",
+                  flush=True)
+        return plan_dry_run.run(cfg, problem, res.plan, args.json, args.dry_run_ranks == "all", args.dry_run_decode)
     flipped = off_policy_times(problem, results)
     if args.json:
         print(json.dumps({"strategies": {n: r.to_dict() for n, r in results.items()}, "search_s": search_s,

@@ -173,6 +173,15 @@ class Problem:
         """Per call: (peak bytes, rank) on its busiest rank while it runs: the resident weights and
         optimizer state of every role whose home is on that rank, plus the call's own transient need
         (and its temporary copy). What ``--validate`` compares with the measured peak."""
+        out = {}
+        for name, per_rank in self.rank_call_memory(plan).items():
+            r = max(per_rank, key=per_rank.get)  # the first of the busiest, in mesh order
+            out[name] = (per_rank[r], r)
+        return out
+
+    def rank_call_memory(self, plan: ExecutionPlan) -> dict[str, dict[int, float]]:
+        """Per call and rank of its mesh: the predicted peak bytes while the call runs (as
+        ``call_memory``, on every rank; what ``--dry-run`` compares rank by rank)."""
         homes = {role: self.home(plan, role) for role in self.graph.roles()}
         resident = [0.0] * self.cluster.size
         for role, h in homes.items():
@@ -187,8 +196,7 @@ class Problem:
             home = plan.calls.get(homes[self.specs[name].role])
             if home is not None and name != homes[self.specs[name].role] and cp.placement != home.placement:
                 extra += est.weights_bytes
-            r = max(cp.mesh.ranks, key=lambda x: resident[x])
-            out[name] = (resident[r] + extra, r)
+            out[name] = {r: resident[r] + extra for r in cp.mesh.ranks}
         return out
 
     def feasible(self, plan: ExecutionPlan) -> bool:
