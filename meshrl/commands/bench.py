@@ -119,13 +119,13 @@ def _print_realloc(out: dict, as_json: bool) -> None:
 
 Bench = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 def _generate_args(p: argparse.ArgumentParser) -> None:
-    from .bench_generate import add_args
+    from .bench_generate import add_args  # lazy: the name add_args is a loop variable below
 
     add_args(p)
 
 
 def _generate_run(args: argparse.Namespace) -> int:
-    from .bench_generate import run as run_generate
+    from .bench_generate import run as run_generate  # lazy: --help and `meshrl plan` load no torch
 
     return run_generate(args)
 

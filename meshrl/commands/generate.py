@@ -170,7 +170,7 @@ def prepare(args: argparse.Namespace):
 
 def meshrl_engine(model):
     """meshrl's engine on a whole model, as ``complete`` calls an engine: (prompts, cfg, seeds) -> output."""
-    from ..model import generate
+    from ..model import generate  # lazy: --help and `meshrl plan` load no torch
 
     return lambda prompts, cfg, seeds: generate(model, prompts, cfg, seeds=seeds)
 

@@ -25,6 +25,7 @@ from dataclasses import replace
 from ..plan.simulator import iteration_time
 from ..plan import validate as measured
 from ..plan.calibrate import read_run, refit, scales_table
+from . import plan_dry_run
 
 
 BARE_HINT = ("(no config given: the built-in demo's models on this machine's one device; to plan a cluster, "
@@ -132,8 +133,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.validate:
         return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks, as_json=True)
     if args.dry_run:
-        from . import plan_dry_run
-
         if not args.json:
             print(f"plan: {chosen}")
             print(plan_table(problem, res.plan))
@@ -170,7 +169,6 @@ def run(args: argparse.Namespace) -> int:
 def off_policy_times(problem, results: dict) -> dict[str, float]:
     """Each strategy's plan priced with train.off_policy flipped (what allowing, or forbidding, one
     step off-policy generation changes for this cluster; the plans are kept as they are)."""
-
 
     other = replace(problem, off_policy=1 - problem.off_policy)
     return {n: iteration_time(other, r.plan) for n, r in results.items() if r.feasible}

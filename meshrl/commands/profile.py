@@ -75,7 +75,6 @@ def run_gpu(args: argparse.Namespace) -> int:
 
     import torch  # lazy: --help and `meshrl plan` load no torch
 
-
     if args.gpu not in PRESETS:
         raise UserError(f"--gpu {args.gpu!r}: not a GPU preset; known: {', '.join(PRESETS)}")
     if not torch.cuda.is_available():

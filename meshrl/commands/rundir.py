@@ -59,7 +59,6 @@ def check_resume_config(out: Path, cfg) -> None:
     """--resume continues the run in ``out`` as it was configured: a config that differs from its
     config.yaml (other than RESUME_MAY_CHANGE) would silently make a different run; refuse it."""
 
-
     saved_file = out / "config.yaml"
     if not saved_file.is_file():
         return

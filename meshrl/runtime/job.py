@@ -116,8 +116,6 @@ def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0
     """One rank, here: a world of one (gloo on CPU, NCCL on a GPU) over an in-memory store, so a
     one-device run is the same runtime as any other, without a process to spawn."""
 
-
-
     if dist.is_initialized():
         raise UserError("meshrl train: torch.distributed is already initialised in this process; "
                         "run one job at a time")
@@ -144,8 +142,6 @@ def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout
     the plan (a strategy, or a search whose result may depend on its time budget) and checks the
     checkpoint, and broadcasts both: every rank runs what rank 0 chose. A UserError on rank 0
     reaches every rank as the same UserError."""
-
-
 
     torch.set_num_threads(threads_per_rank(cfg, local_ranks(1))[0])
     backend = "nccl" if torch.cuda.is_available() else "gloo"

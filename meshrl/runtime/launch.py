@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..cores import quiet_waits, rank_threads
-from ..gen import close_all
 from ..errors import UserError
 from ..host_memory import freed_memory_env, keep_freed_memory
 import threading
@@ -67,6 +66,7 @@ def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: f
     except Exception:  # noqa: BLE001 - reported to the parent, which names the rank
         results.put((rank, "error", traceback.format_exc()))
         return
+    from ..gen import close_all  # in a rank after its environment is set: torch reads OMP_* as it loads
     from ..parallel import comm  # in a rank after its environment is set: torch reads OMP_* as it loads
 
     comm.setup(datetime.timedelta(seconds=coll_timeout))  # the world's control (gloo) group
