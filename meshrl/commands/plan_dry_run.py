@@ -21,11 +21,11 @@ OBJECTS = ("object collectives (gather_object, all_gather_object, broadcast_obje
            "and root only: the fake group moves no object, so each rank keeps its own")
 
 
-def report(cfg, problem, plan, every_rank: bool, decode: str) -> dict:
-    """Run the dry run and return the JSON object (see the module docstring)."""
+def report(cfg, problem, plan, every_rank: bool, decode: str, log=None) -> dict:
+    """Run the dry run and return the JSON object (see the module docstring); ``log``: progress lines."""
     from ..runtime.dry_run import dry_run
 
-    res = dry_run(cfg, problem, plan, every_rank=every_rank, decode=decode)
+    res = dry_run(cfg, problem, plan, every_rank=every_rank, decode=decode, log=log)
     calls = {}
     for name, per in res.predicted.items():
         ranks = [{"rank": r, "predicted_mem_gib": p / GIB,
@@ -91,6 +91,7 @@ def table(out: dict, plan) -> str:
 
 def run(cfg, problem, plan, as_json: bool, every_rank: bool, decode: str) -> int:
     """Print the dry run of ``plan``; 1 if it failed or does not fit."""
-    out = report(cfg, problem, plan, every_rank, decode)
+    out = report(cfg, problem, plan, every_rank, decode,
+                 log=None if as_json else (lambda line: print(line, flush=True)))
     print(json.dumps(out) if as_json else "\n" + table(out, plan))
     return 0 if out["fits"] and not out["failures"] else 1

@@ -196,10 +196,12 @@ def rank_job(cfg: Config, plan: ExecutionPlan, run: RankRun, budgets: dict[str, 
 
 
 def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[int, dict[str, float]],
-              stand_in=None, decode: str = "ends") -> tuple[dict[int, RankRun], dict[int, BaseException], list]:
+              stand_in=None, decode: str = "ends", on_done=None
+              ) -> tuple[dict[int, RankRun], dict[int, BaseException], list]:
     """Simulate ``ranks`` of ``plan``'s world together (fake_world.py) -> (runs, errors by rank,
     transfer parts never received). ``stand_in(rank)``: the simulated rank whose transfer parts
-    stand for an unsimulated sender's (symmetry.py). ``decode``: meshrl.model.worst_case's."""
+    stand for an unsimulated sender's (symmetry.py). ``decode``: meshrl.model.worst_case's;
+    ``on_done(rank, finished, total)``: Turns.run's."""
     from ..model.worst_case import worst_case
     from ..parallel import comm
     from . import transfer
@@ -220,7 +222,7 @@ def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[
         with worst_case(decode, device="cpu" if cfg.cluster.device == "cpu" else "cuda"), \
                 warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-            _, errors = turns.run(jobs)
+            _, errors = turns.run(jobs, on_done)
         unread = transfer.MAILBOX[0].unread()
     finally:
         transfer.MAILBOX[0] = None
@@ -229,6 +231,22 @@ def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[
             c10d.destroy_process_group()
         c10d._world, comm._ctrl_of, comm._ctrl_ids, comm._state = saved
     return runs, errors, unread  # a failed rank keeps what it recorded
+
+
+OVER = 1.25  # a call's peak above this times its prediction fails the run, naming its largest tensors
+
+
+def over_budget(run: RankRun, predicted: dict[str, dict[int, float]]) -> list[str]:
+    """Calls whose peak on ``run``'s rank exceeds OVER x the estimator's shards, state and activations."""
+    out = []
+    for s in run.steps:
+        p = predicted.get(s.call, {}).get(run.rank) if s.kind == "call" else None
+        if p and s.peak > OVER * p:
+            big = "; ".join(a.what() for a in s.top) or "no single large tensor"
+            out.append(f"rank {run.rank}, step '{s.name}': peak {s.peak / 2**30:.2f} GiB is over {OVER}x the "
+                       f"estimator's {p / 2**30:.2f} GiB (shards, state, activations); the largest tensors "
+                       f"made in the call and alive at its peak: {big}")
+    return out
 
 
 @dataclass
@@ -253,9 +271,11 @@ class DryRun:
         return float(max(peaks)) if peaks else None
 
 
-def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False, decode: str = "ends") -> DryRun:
+def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False, decode: str = "ends",
+            log=None) -> DryRun:
     """Simulate ``plan`` (one rank per symmetry class and a checking member of each, or every rank)
-    and audit it; ``problem``: the planning problem the memory predictions come from."""
+    and audit it; ``problem``: the planning problem the memory predictions come from; ``log``: a
+    line as each simulated rank finishes."""
     import time
 
     from .collective_audit import audit
@@ -269,11 +289,15 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
     cl = Classes(tuple((r,) for r in range(n))) if every_rank else classes(cfg, plan, problem.models, rows)
     simulated = cl.simulated()
     predicted = problem.rank_call_memory(plan)
-    budgets = {r: {c: 1.25 * p[r] for c, p in predicted.items() if r in p} for r in simulated}
+    budgets = {r: {c: OVER * p[r] for c, p in predicted.items() if r in p} for r in simulated}
     def stand_in(r: int) -> int:
         return r if r in simulated else cl.stand_in(r)
 
-    runs, errors, unread = run_ranks(cfg, plan, simulated, budgets, stand_in, decode)
+    def done(r: int, k: int, total: int) -> None:
+        if log is not None:
+            log(f"  simulated rank {r} ({k} of {total}) after {time.perf_counter() - t0:.0f} s")
+
+    runs, errors, unread = run_ranks(cfg, plan, simulated, budgets, stand_in, decode, done)
     failures = []
     for r, e in sorted(errors.items()):
         if not isinstance(getattr(e, "__cause__", None), Hang) or len(errors) == 1:
@@ -286,6 +310,7 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
     failures += [m.message() for m in mismatched]
     for run in runs.values():
         failures += [v.message() for v in run.violations]
+        failures += over_budget(run, predicted)
     for members in cl.members:
         a, b = members[0], members[-1]
         if a != b and a in runs and b in runs:

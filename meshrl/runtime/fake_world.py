@@ -103,8 +103,10 @@ class Turns:
             self._take(rank)
         self.waiting.pop(rank, None)
 
-    def run(self, jobs: dict[int, Callable[[], Any]]) -> tuple[dict[int, Any], dict[int, BaseException]]:
-        """Every job on its rank's thread -> (results, errors) by rank."""
+    def run(self, jobs: dict[int, Callable[[], Any]], on_done: Callable[[int, int, int], None] | None = None
+            ) -> tuple[dict[int, Any], dict[int, BaseException]]:
+        """Every job on its rank's thread -> (results, errors) by rank. ``on_done(rank, finished,
+        total)`` as each job ends (on its thread)."""
         results: dict[int, Any] = {}
         errors: dict[int, BaseException] = {}
 
@@ -117,6 +119,8 @@ class Turns:
             finally:
                 self.done.add(rank)
                 self.waiting.pop(rank, None)
+                if on_done is not None:
+                    on_done(rank, len(self.done), len(self.order))
                 self.posted()  # a finished rank changes what the others may wait for
                 self._hand_on(rank)
 
