@@ -106,9 +106,11 @@ class VllmGenerator:
         self.cuda = torch.cuda.is_available() and torch.distributed.is_initialized() \
             and torch.distributed.get_backend() == "nccl"
         extra = {"enable_sleep_mode": True, "gpu_memory_utilization": 0.3} if self.cuda else {}
+        threads = torch.get_num_threads()
         self.llm = LLM(model=str(self._dir), skip_tokenizer_init=True, load_format="dummy",
                        dtype=hf["dtype"], distributed_executor_backend="uni", enforce_eager=True,
                        seed=seed, max_model_len=max_len, disable_log_stats=True, **extra)
+        torch.set_num_threads(threads)  # vLLM lowers the process's torch threads "for serving": the rank's own
         self._asleep = False
         if self.cuda:
             self.llm.sleep(level=1)
