@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
+from ..model.presets import PRESETS, get_preset
+from ..layout.mesh import Placement
+from ..layout.realloc_plan import realloc_plan
+from ..layout.shardmap import shard_map
+from ..runtime.launch import RankPool
 
 
 # ---- bench realloc ----------------------------------------------------------------------------------
@@ -35,8 +40,7 @@ def _realloc_args(p: argparse.ArgumentParser) -> None:
 
 
 def _model_config(arg: str):
-    from ..model.checkpoint import read_config
-    from ..model.presets import PRESETS, get_preset
+    from ..model.checkpoint import read_config  # lazy: --help and `meshrl plan` load no torch
 
     if arg in PRESETS or not Path(arg).exists():
         return get_preset(arg)
@@ -44,10 +48,6 @@ def _model_config(arg: str):
 
 
 def _realloc_run(args: argparse.Namespace) -> int:
-    from ..layout.mesh import Placement
-    from ..layout.realloc_plan import realloc_plan
-    from ..layout.shardmap import shard_map
-
     cfg = _model_config(args.model)
     src, dst = Placement.parse(args.src), Placement.parse(args.dst)
     for flag, value in (("--repeat", args.repeat), ("--bucket-mb", args.bucket_mb), ("--p2p-mb", args.p2p_mb),
@@ -91,8 +91,7 @@ def _realloc_run(args: argparse.Namespace) -> int:
 
 
 def _realloc_ranks(cfg, args, world: int, bucket_bytes: int, p2p: tuple[int, int, int]) -> list[dict]:
-    from ..realloc.bench import move_and_check
-    from ..runtime.launch import RankPool
+    from ..realloc.bench import move_and_check  # lazy: --help and `meshrl plan` load no torch
 
     with RankPool(world, timeout=args.timeout) as pool:
         return pool.run(move_and_check, cfg, args.src, args.dst, args.value_head, args.seed, args.dtype,
@@ -120,13 +119,13 @@ def _print_realloc(out: dict, as_json: bool) -> None:
 
 Bench = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 def _generate_args(p: argparse.ArgumentParser) -> None:
-    from .bench_generate import add_args
+    from .bench_generate import add_args  # lazy: the name add_args is a loop variable below
 
     add_args(p)
 
 
 def _generate_run(args: argparse.Namespace) -> int:
-    from .bench_generate import run as run_generate
+    from .bench_generate import run as run_generate  # lazy: --help and `meshrl plan` load no torch
 
     return run_generate(args)
 

@@ -16,6 +16,8 @@ import argparse
 import json
 
 from ..errors import UserError
+from .generate import meshrl_engine
+from .generate import complete, prepare
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -39,12 +41,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def engine_for(args: argparse.Namespace, model):
     """The backend's engine as ``complete`` calls it: (prompts, cfg, seeds) -> GenerationOutput."""
-    from .generate import meshrl_engine
 
     if args.backend == "meshrl":
         return meshrl_engine(model.eval())
-    from ..gen.checks import check_backend
-    from ..gen.vllm_engine import VllmGenerator
+    from ..gen.checks import check_backend  # lazy: --help and `meshrl plan` load no torch
+    from ..gen.vllm_engine import VllmGenerator  # lazy: --help and `meshrl plan` load no torch
 
     check_backend("vllm", "bench generate", 1, 1, "cpu" if not _cuda() else "cuda", model.config)
     gen = VllmGenerator(model.config, next(model.parameters()).dtype, args.seed,
@@ -54,14 +55,12 @@ def engine_for(args: argparse.Namespace, model):
 
 
 def _cuda() -> bool:
-    import torch
+    import torch  # lazy: --help and `meshrl plan` load no torch
 
     return torch.cuda.is_available()
 
 
 def run(args: argparse.Namespace) -> int:
-    from .generate import complete, prepare
-
     if args.compile and args.backend != "meshrl":
         raise UserError("--compile is meshrl's engine's setting (vLLM compiles on its own terms)")
     model, tok, prompts, cfg = prepare(args)

@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..model.presets import PRESETS
+from ..data.chat import load_chat_template
+from ..cores import rank_threads
+from ..data.chat import end_of_turn_id
 
 
 def add_parser(subparsers) -> None:
@@ -54,8 +58,8 @@ def add_parser(subparsers) -> None:
 
 def _load(model_arg: str, dtype):
     """-> (model, tokenizer) from a checkpoint directory or a preset name."""
-    from ..model import ByteTokenizer, build_model, load_pretrained, load_tokenizer
-    from ..model.presets import PRESETS
+    from ..model import (  # lazy: --help and `meshrl plan` load no torch
+        ByteTokenizer, build_model, load_pretrained, load_tokenizer)
 
     if Path(model_arg).is_dir():
         return load_pretrained(model_arg, dtype=dtype), load_tokenizer(model_arg)
@@ -104,11 +108,10 @@ def read_prompts(path: str, chat: bool) -> list[str | list[dict]]:
 
 def encode_all(tok, model_dir: str, items: list, chat: bool) -> list[list[int]]:
     """Prompt texts (or, with chat, conversations) -> token ids, as training encodes them."""
-    from ..data.encode import prompt_ids
+    from ..data.encode import prompt_ids  # lazy: --help and `meshrl plan` load no torch
 
     if not chat:
         return [prompt_ids(tok, text) for text in items]
-    from ..data.chat import load_chat_template
 
     # The rendered template carries its own special tokens (BOS included), as transformers'
     # apply_chat_template(tokenize=True) does, and as training encodes a chat record: add none.
@@ -131,10 +134,9 @@ def run(args: argparse.Namespace) -> int:
 
 def prepare(args: argparse.Namespace):
     """-> (model, tokenizer, prompt token ids, GenerationConfig) of the command line, checked."""
-    import torch
+    import torch  # lazy: --help and `meshrl plan` load no torch
 
-    from ..model import GenerationConfig
-    from ..cores import rank_threads
+    from ..model import GenerationConfig  # lazy: --help and `meshrl plan` load no torch
 
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size)):
         if value < 1:
@@ -157,8 +159,6 @@ def prepare(args: argparse.Namespace):
                             f"{model.config.vocab_size}: tokenizer and model do not belong together")
     eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
     if args.chat:  # a reply ends at the template's end of turn, as in training (algo/rollout.py)
-        from ..data.chat import end_of_turn_id
-
         eos = end_of_turn_id(args.model, tok)
     pad = next(t for t in (tok.pad_token_id, eos, 0) if t is not None)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, greedy=args.greedy, temperature=args.temperature,
@@ -170,7 +170,7 @@ def prepare(args: argparse.Namespace):
 
 def meshrl_engine(model):
     """meshrl's engine on a whole model, as ``complete`` calls an engine: (prompts, cfg, seeds) -> output."""
-    from ..model import generate
+    from ..model import generate  # lazy: --help and `meshrl plan` load no torch
 
     return lambda prompts, cfg, seeds: generate(model, prompts, cfg, seeds=seeds)
 

@@ -23,7 +23,7 @@ OBJECTS = ("object collectives (gather_object, all_gather_object, broadcast_obje
 
 def report(cfg, problem, plan, every_rank: bool, decode: str, log=None) -> dict:
     """Run the dry run and return the JSON object (see the module docstring); ``log``: progress lines."""
-    from ..runtime.dry_run import dry_run
+    from ..runtime.dry_run import dry_run  # lazy: --help and `meshrl plan` load no torch
 
     res = dry_run(cfg, problem, plan, every_rank=every_rank, decode=decode, log=log)
     calls = {}

@@ -22,6 +22,7 @@ from torch import nn
 
 from .batch_layout import KVCache, Unpad, build_mask, last_position, positions_from_mask, right_padded
 from .config import ModelConfig
+from .hf_save import DEFAULT_MAX_SHARD_BYTES, save_pretrained
 from .moe import SparseMoE
 from .rope import rope_cos_sin
 from . import worst_case
@@ -281,7 +282,6 @@ class CausalLM(nn.Module):
 
     def save_pretrained(self, path: str, max_shard_bytes: int | None = None) -> None:
         """Write an HF checkpoint directory (config.json + safetensors); see checkpoint.py."""
-        from .checkpoint import DEFAULT_MAX_SHARD_BYTES, save_pretrained
         save_pretrained(self, path, max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
 
 
@@ -299,5 +299,4 @@ class ValueModel(nn.Module):
 
     def save_pretrained(self, path: str, max_shard_bytes: int | None = None) -> None:
         """Write an HF checkpoint directory (config.json + safetensors); see checkpoint.py."""
-        from .checkpoint import DEFAULT_MAX_SHARD_BYTES, save_pretrained
         save_pretrained(self, path, max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)

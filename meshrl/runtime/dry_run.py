@@ -23,9 +23,11 @@ fake CPU tensors of the configured dtype; see docs/dry_run.md).
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from dataclasses import dataclass, field
 
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed import distributed_c10d as c10d
 
 from ..config import Config
@@ -33,8 +35,16 @@ from ..errors import UserError
 from ..model.config import param_shapes
 from ..plan.execution_plan import ExecutionPlan
 from ..plan.steps import Step
-from .collective_audit import RankLedger
+from ..model.worst_case import worst_case
+from ..parallel import comm
+from ..parallel.groups import GroupCache
+from . import transfer
+from .collective_audit import RankLedger, audit
+from .engine import Engine
 from .fake_exec import Alloc, FakeRank, fast_tolist
+from .fake_world import Hang, Mailbox, Turns, make_world
+from .run import make_groups, model_configs, plan_groups
+from .symmetry import Classes, classes, compare_members
 
 TIMEOUT_S = 3600.0
 
@@ -151,12 +161,6 @@ def rank_job(cfg: Config, plan: ExecutionPlan, run: RankRun, budgets: dict[str, 
     """Build this rank's engine and run iteration 0 under fake tensors (call on the rank's thread,
     its fake world active), recording into ``run``. ``budgets``: call -> bytes above which the
     peak's tensors are kept."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from ..parallel import comm
-    from ..parallel.groups import GroupCache
-    from .engine import Engine
-    from .run import make_groups, model_configs, plan_groups
 
     comm.set_audit(run.ledger)
     counter = FakeRank()
@@ -202,10 +206,6 @@ def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[
     transfer parts never received). ``stand_in(rank)``: the simulated rank whose transfer parts
     stand for an unsimulated sender's (symmetry.py). ``decode``: meshrl.model.worst_case's;
     ``on_done(rank, finished, total)``: Turns.run's."""
-    from ..model.worst_case import worst_case
-    from ..parallel import comm
-    from . import transfer
-    from .fake_world import Mailbox, Turns, make_world
 
     if c10d.is_initialized():
         raise UserError("--dry-run: torch.distributed is already initialised in this process")
@@ -276,10 +276,6 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
     """Simulate ``plan`` (one rank per symmetry class and a checking member of each, or every rank)
     and audit it; ``problem``: the planning problem the memory predictions come from; ``log``: a
     line as each simulated rank finishes."""
-    import time
-
-    from .collective_audit import audit
-    from .symmetry import Classes, classes
 
     t0 = time.perf_counter()
     rows = {n: problem.specs[n].sequences(problem.shape) // (problem.shape.mini_batches
@@ -309,9 +305,6 @@ def _failures(runs: dict[int, RankRun], errors: dict, unread: list, mismatched: 
     """Everything that fails a dry run, each one line naming ranks and steps: a rank's error (a
     hang named once), unread transfer parts, mismatched collectives, whole weights and
     full-vocabulary tensors, calls over budget, and classes whose two simulated members differ."""
-    from .fake_world import Hang
-    from .symmetry import compare_members
-
     out = [f"rank {r}: {e}" for r, e in sorted(errors.items())
            if not isinstance(getattr(e, "__cause__", None), Hang) or len(errors) == 1]
     if errors and not out:  # every rank hung: one message says who waits for what

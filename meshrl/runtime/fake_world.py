@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ..parallel import comm
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 
 class Hang(RuntimeError):
@@ -50,7 +51,6 @@ class RankWorld:
 
 def make_world(rank: int, world_size: int) -> RankWorld:
     """A fake world of ``world_size`` ranks as rank ``rank`` sees it, with comm's control group."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     rw = RankWorld(rank, c10d._World(), state={"world_ctrl": None, "device": None, "setup": False, "audit": None})
     rw.activate()
