@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -143,8 +144,6 @@ def fast_tolist() -> Iterator[None]:
     """``Tensor.tolist`` of a fake tensor as nested lists of the placeholder, at once (torch would
     select and read every element, hundreds of microseconds each under fake mode: decoding a
     batch's responses to text would take minutes)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     real = FakeTensor.tolist
 
     def tolist(self):
