@@ -69,8 +69,8 @@ class TrainConfig:
     seed: int = 1
     threads: int = 0  # torch CPU threads per rank; 0 = auto: $OMP_NUM_THREADS if set, else the usable
     # cores split between the ranks on this machine (meshrl/cores.py; printed at the start of a run)
-    off_policy: int = 0  # 1: generation of iteration t+1 runs while iteration t trains, from weights one
-    # update old (one step off-policy; a disaggregated plan then overlaps generation and training)
+    off_policy: int = 0  # k >= 1: generation of iteration t+k runs while iteration t trains, from weights
+    # k updates old (k steps off-policy; a disaggregated plan then overlaps generation and training)
     save_every: int = 10  # write a checkpoint (OUT/ckpt-*, for --resume) every N iterations and after
     # the last; a resumed run redoes at most N-1 iterations, exactly (saving costs ~0.15 s on the demo)
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or

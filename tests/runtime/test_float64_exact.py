@@ -77,3 +77,22 @@ def test_a_resharded_resume_continues_as_the_one_process_run_to_1e9(tmp_path):
     worst, where = worst_diff(read_metrics(one / "metrics.jsonl"), read_metrics(a / "metrics.jsonl"))
     print(f"resharded resume vs one process: worst scaled difference {worst:.1e} ({where})")
     assert worst <= EXACT, where
+
+
+def test_two_steps_off_policy_gives_the_same_figures_under_every_plan(pool):
+    """train.off_policy=2: generation runs two iterations ahead, from weights two updates old (the
+    config's schedule, not the timing's), so the colocated, disaggregated and a random plan agree to
+    1e-9; the staleness is logged, and the run differs from one step off-policy."""
+    cfg = config("ppo", ("train.off_policy=2", "train.iterations=4"))
+    torch.set_num_threads(1)
+    plans = plans_for(cfg)
+    want = pool.run(rank_main, cfg, plans["colocated"], None, quiet=True)[0]
+    assert [r["rollout/staleness_max"] for r in want] == [0.0, 1.0, 2.0, 2.0]
+    one = pool.run(rank_main, config("ppo", ("train.off_policy=1", "train.iterations=4")), plans["colocated"], None,
+                   quiet=True)[0]
+    assert [r["reward/mean"] for r in one[2:]] != [r["reward/mean"] for r in want[2:]]
+    for name in ("disaggregated", "random1"):
+        got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
+        worst, where = worst_diff(want, got)
+        print(f"off_policy=2 {name} vs colocated: worst scaled difference {worst:.1e} ({where})")
+        assert worst <= EXACT, where
