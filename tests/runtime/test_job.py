@@ -108,7 +108,7 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
     done = sorted(p for p in os.listdir(out) if p.startswith("ckpt-")) if out.exists() else []
     meta = json.loads((out / done[-1] / "meta.json").read_text()) if done else {}
     print(f"{mode} trial {trial}: SIGKILL after {delay:.1f} s; newest checkpoint: {done[-1] if done else 'none'}"
-          f"{' (with iteration %d generated ahead)' % meta['ahead'] if meta.get('ahead') else ''}")
+          f"{' (with iterations %s generated ahead)' % meta['ahead'] if meta.get('ahead') else ''}")
     proc = _start(out, cfg + ["--resume"], {}, plan)  # the same command + --resume, whenever it was killed
     text, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, text
