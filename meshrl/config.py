@@ -122,6 +122,10 @@ class PPOConfig:
     whiten_advantages: bool = True  # PPO: whiten GAE advantages over the mini-batch
     normalize_rewards: bool = False  # PPO/ReMax: whiten sequence scores over the iteration's batch
     grpo_std: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO style)
+    # Rollout correction (docs/algorithms.md): the engine's sampling log-probs against the trainer's
+    rollout_is: str = "off"  # off | token | sequence: truncated importance weights pi_trainer / pi_engine
+    rollout_is_cap: float = 2.0  # the weights' upper bound (TRL's vllm_importance_sampling_cap default)
+    rollout_mask_above: float | None = None  # drop sequences whose mean k3 mismatch exceeds this (None: keep all)
 
 
 @dataclass
@@ -132,6 +136,7 @@ class GenConfig:
     compile: bool = False  # decode steps (fixed shapes) and the prefill's layers (dynamic shapes)
     # through torch.compile: same tokens, faster after a one-off compile of about a minute on a CPU
     # (docs/model.md has the measurements)
+    backend: str = "meshrl"  # meshrl (our exact engine) | vllm (vLLM engines, one per dp replica; docs/vllm.md)
 
 
 @dataclass

@@ -3,7 +3,7 @@ inside functions included, read with ``ast``) has no upward edge and no cycle be
 
 Layers, bottom up (DESIGN.md "One path"): errors, config; model (knows no ranks); layout (pure rank
 and shard math) and data; algo (the calls, written against a model handle: no runtime, no layout,
-no parallel code); parallel; realloc; plan (pure: no torch.distributed, no runtime); observe;
+no parallel code); parallel; gen (generation backends); realloc; plan (pure: no torch.distributed, no runtime); observe;
 runtime; commands and cli on top."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ FORBIDDEN = {
     "realloc": {"runtime", "algo", "plan", "commands", "cli"},
     "data": {"runtime", "parallel", "realloc", "algo", "plan", "commands", "cli"},
     "observe": {"runtime", "commands", "cli"},
+    "gen": {"runtime", "algo", "plan", "realloc", "commands", "cli"},
     "runtime": {"commands", "cli"},
 }
 NO_DISTRIBUTED = ("plan", "layout", "model")  # packages that never import torch.distributed

@@ -43,6 +43,7 @@ from .graph import Call
 from .handles import ModelHandle
 from .kl import kl_estimate
 from .losses import Norm, aggregate, policy_loss, value_loss
+from .mismatch import rollout_correction
 from .lr_schedule import factor_at, set_lr_factor
 from .multiturn import multiturn_rows
 from .objectives import critic_free_advantages, kl_settings, ppo_advantages
@@ -155,6 +156,9 @@ def actor_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) ->
     mode, est = kl_settings(cfg, ctx.algo)
     keys = ["input_ids", "attention_mask", "response_mask", "logp_old", "logp_ref"]
     data = Batch({k: batch[k] for k in keys}).with_(advantages=adv)
+    data, mismatch = rollout_correction(h, data, cfg, place.dp_index, place.dp_size, place.micro_batches,
+                                        place.sum_replicas)  # before any update: the trainer's log-probs
+    extra.update(mismatch)
     stats, steps = StatSum(), 0
     for part, micro, norm in _minibatches(data, ctx, place):
         lr = scheduled_step(h, ctx, steps)
@@ -178,7 +182,7 @@ def _actor_loss_fn(cfg, mode: str, est: str, norm: Norm, stats: StatSum
         p = mb["input_ids"].shape[1] - mask.shape[1]
         logp = out.logprobs[:, p - 1:]
         loss, st = policy_loss(logp, mb["logp_old"], mb["advantages"], mask, o.clip, norm, clip_high=o.clip_high,
-                               dual_clip=o.dual_clip, ratio=o.ratio, agg=agg)
+                               dual_clip=o.dual_clip, ratio=o.ratio, agg=agg, weights=mb.get("is_weight"))
         stats.add("pg_loss", loss.detach())
         for k, v in st.items():
             stats.add(k, v)

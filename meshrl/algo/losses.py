@@ -95,13 +95,15 @@ def log_ratio(logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor, ki
 
 def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
                 clip: float, denom: Norm | float, clip_high: float | None = None, dual_clip: float = 0.0,
-                ratio: str = "token", agg: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                ratio: str = "token", agg: str = "token-mean", weights: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017) with the variants verl offers, per token:
 
         r_t  = exp(log_ratio)                     (``ratio``: token, or GSPO's sequence ratio)
         L_t  = max(-A_t r_t, -A_t clip(r_t, 1 - clip, 1 + clip_high))   (DAPO's clip-higher)
         L_t  = min(L_t, c |A_t|)  where A_t < 0, if dual_clip = c > 1    (Ye et al. 2020, dual-clip)
 
+    times ``weights`` [B, N] when given (rollout correction, meshrl/algo/mismatch.py: constants),
     aggregated by ``agg`` over the mask (see ``aggregate``). All [B, N]. Returns (loss, sums for
     stats, token-mean: clipped tokens, dual-clipped tokens, approx KL to the old policy)."""
     hi = clip if clip_high is None else clip_high
@@ -115,6 +117,8 @@ def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, m
         cap = -adv * dual_clip  # = c |A| where A < 0
         dual = (adv < 0) & (per_token > cap)
         per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
+    if weights is not None:
+        per_token = per_token * weights.detach()
     loss = aggregate(per_token, mask, denom, agg)
     tokens = denom.tokens if isinstance(denom, Norm) else float(denom)
     with torch.no_grad():

@@ -30,6 +30,12 @@ def validate_recipes(cfg) -> None:
     _one_of("ppo.loss_agg", p.loss_agg, LOSS_AGGS)
     _one_of("ppo.ratio", p.ratio, RATIOS)
     _one_of("optim.schedule", o.schedule, SCHEDULES)
+    _one_of("ppo.rollout_is", p.rollout_is, ("off", "token", "sequence"))
+    _one_of("gen.backend", cfg.gen.backend, ("meshrl", "vllm"))
+    if not p.rollout_is_cap >= 1.0:
+        raise UserError(f"ppo.rollout_is_cap must be >= 1 (weights are truncated from above), got {p.rollout_is_cap}")
+    if p.rollout_mask_above is not None and not p.rollout_mask_above > 0.0:
+        raise UserError(f"ppo.rollout_mask_above must be > 0 (or none), got {p.rollout_mask_above}")
     if not 0.0 <= p.clip < 1.0:
         raise UserError(f"ppo.clip must be in [0, 1), got {p.clip}")
     if p.clip_high is not None and p.clip_high < 0.0:

@@ -142,7 +142,10 @@ class Engine:
             if self.plan.offload_frozen and self._shared(step.call):
                 self.roles[step.role].offload(self.plan.calls[step.call].placement)
         elif step.kind == "realloc":
-            self.roles[step.role].refresh(self.plan.calls[step.call].placement, self.rank, self.timeout)
+            t0 = time.perf_counter()
+            sent = self.roles[step.role].refresh(self.plan.calls[step.call].placement, self.rank, self.timeout)
+            if self.graph.call(step.call).kind == "generate":  # the generation engines' weights moving
+                self._weight_sync(step.iteration, time.perf_counter() - t0, sent)
         elif step.kind == "transfer":
             self._transfer(step)
         elif step.call == "held-out":
@@ -165,6 +168,13 @@ class Engine:
             self._call(step)
         lg = self.logs.setdefault(step.iteration, RankLog())
         lg.memory[step.call] = max(lg.memory.get(step.call, 0.0), box["peak"])
+
+    def _weight_sync(self, t: int, seconds: float, nbytes: int) -> None:
+        """time/weight_sync (slowest rank) and weight_sync/bytes (all ranks) of iteration t: the
+        reallocation into the generation placement plus the load into the backend's engines."""
+        lg = self.logs.setdefault(t, RankLog())
+        lg.seconds["time/weight_sync"] = lg.seconds.get("time/weight_sync", 0.0) + seconds
+        lg.sums["weight_sync/bytes"] = lg.sums.get("weight_sync/bytes", 0.0) + nbytes
 
     def _temporary(self, name: str) -> bool:
         """Whether the call's copy of its role is dropped after the call: a copy (not the home) that
@@ -199,6 +209,9 @@ class Engine:
         place = Place(dp_i, pl.layout.dp, self.plan.calls[call.name].micro_batches,
                       holds_output=pp_i == pl.layout.pp - 1,
                       sum_replicas=_sum_over(h.groups.dp.group) if h is not None else None)
+        if call.kind == "generate":  # the backend's engine (meshrl/gen), with its weight sync
+            h, sync_s, sync_bytes = role.rollout(pl, t)
+            self._weight_sync(t, sync_s, sync_bytes)
         ctx = CallContext(self.cfg, t, self.tok)
         batch = self._batch(t).only(tensor_keys(call.inputs))
         fn = implementation(call, self.cfg.algo)

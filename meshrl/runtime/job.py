@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..gen import close_all
 from ..config import Config
 from ..errors import UserError
 from ..plan.execution_plan import ExecutionPlan
@@ -142,7 +143,9 @@ def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0
         return rank_main(cfg, plan, out, start, timeout_s, str(status) if status else None, quiet,
                          cfg.train.save_every, progress)
     finally:
-        dist.destroy_process_group()
+        close_all()  # generation engines first: they hold groups of their own (meshrl/gen)
+        if dist.is_initialized():  # (a vLLM engine's shutdown destroys the default group itself)
+            dist.destroy_process_group()
         torch.set_num_threads(before)
 
 
@@ -182,4 +185,6 @@ def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout
         return rank_main(cfg, ExecutionPlan.from_json(plan_json), str(out), start, timeout_s, None, quiet,
                          cfg.train.save_every, progress)
     finally:
-        dist.destroy_process_group()
+        close_all()  # generation engines first: they hold groups of their own (meshrl/gen)
+        if dist.is_initialized():  # (a vLLM engine's shutdown destroys the default group itself)
+            dist.destroy_process_group()

@@ -22,6 +22,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..gen import close_all
 from ..errors import UserError
 
 
@@ -84,7 +85,9 @@ def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: f
             results.put((rank, "ok", out))
         except Exception:  # noqa: BLE001
             results.put((rank, "error", traceback.format_exc()))
-    dist.destroy_process_group()
+    close_all()  # generation engines first: they hold groups of their own (meshrl/gen)
+    if dist.is_initialized():  # (a vLLM engine's shutdown destroys the default group itself)
+        dist.destroy_process_group()
 
 
 def _pickled(task: _Task) -> bytes:

@@ -88,7 +88,25 @@ def check_plan(cfg: Config, plan: ExecutionPlan) -> None:
         if cp.layout.dp > limit:
             raise UserError(f"plan call {name}: dp={cp.layout.dp} is more than the {limit} sequences it gets "
                             "per step (data.batch_size x samples_per_prompt / ppo.mini_batches)")
+    check_generation(cfg, plan, graph)
     check_memory(cfg, plan)
+
+
+def check_generation(cfg: Config, plan: ExecutionPlan, graph) -> None:
+    """UserError if gen.backend cannot run a generation call of the plan (meshrl/gen/checks.py)."""
+    if cfg.gen.backend == "meshrl":
+        return
+    from ..gen import check_backend
+    from ..model.checkpoint import read_config
+    from ..model.presets import get_preset
+
+    spec = cfg.models.actor
+    model = read_config(spec.path)[0] if spec.path else get_preset(spec.preset or "tiny")
+    device = "cuda" if cfg.cluster.device != "cpu" else "cpu"
+    for c in graph.calls:
+        if c.kind == "generate":
+            lay = plan.calls[c.name].layout
+            check_backend(cfg.gen.backend, c.name, lay.tp, lay.pp, device, model)
 
 
 def check_memory(cfg: Config, plan: ExecutionPlan) -> None:

@@ -13,6 +13,7 @@ starts from bit-identical weights without any rank holding a whole model.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from ..algo import setup
 from ..algo.graph import Graph
 from ..config import Config
+from ..gen import Generator, join, make_generator
 from ..model.config import ModelConfig
 from ..model.presets import get_preset
 from ..parallel.data import AdamWConfig
@@ -103,9 +105,29 @@ class RoleModels:
     drops: int = 0  # how many copies this rank dropped (the tests read it)
     offloaded: dict[Placement, torch.device] = field(default_factory=dict)  # -> the device to return to
     offloads: int = 0  # how many times this rank offloaded one of the role's models (the tests read it)
+    # gen.backend other than meshrl: this rank's engine per generation placement (meshrl/gen), and the
+    # iteration whose weights it holds
+    generators: dict[Placement, Generator] = field(default_factory=dict)
+    synced: dict[Placement, int] = field(default_factory=dict)
 
     def handle(self, placement: Placement) -> ParallelModel | None:
         return self.models.get(placement)
+
+    def rollout(self, placement: Placement, iteration: int) -> tuple[ParallelModel | Generator | None, float, int]:
+        """The handle a generation call at ``placement`` runs on in ``iteration``, with the weight sync
+        it took: (handle, seconds, bytes). meshrl's engine is the model itself (nothing to sync); an
+        engine of its own (gen.backend=vllm) first loads this rank's slices of the generation layout
+        (its ParallelModel there, refreshed by reallocation), once per iteration: weights change only
+        between iterations' generation calls."""
+        pm, gen = self.models.get(placement), self.generators.get(placement)
+        if gen is None or pm is None:
+            return pm, 0.0, 0
+        if self.synced.get(placement) == iteration:
+            return gen, 0.0, 0
+        t0 = time.perf_counter()
+        nbytes = gen.load_weights(pm.local_state().items())
+        self.synced[placement] = iteration
+        return gen, time.perf_counter() - t0, nbytes
 
     def drop(self, placement: Placement) -> None:
         """Free this rank's copy at ``placement`` (not the home); its groups stay for the rebuild."""
@@ -163,6 +185,7 @@ def build_roles(cfg: Config, graph: Graph, plan: ExecutionPlan, states: dict, ca
     """Every role's ParallelModels on this rank, created in one global order (roles, then home,
     then the other placements in call order) so that ranks create their process groups alike."""
     rank = dist.get_rank()
+    join(cfg.gen.backend)  # the generation backend's groups, on every rank (meshrl/gen)
     homes = home_calls(graph)
     trained = {c.role for c in graph.calls if c.kind == "train"}
     out: dict[str, RoleModels] = {}
@@ -186,4 +209,10 @@ def build_roles(cfg: Config, graph: Graph, plan: ExecutionPlan, states: dict, ca
                                                  overlap_grad_reduce=cfg.train.overlap_grad_reduce,
                                                  compile_layers=cfg.train.compile)
             rm.dtype = rm.models[pl].dtype
+        for c in graph.calls:  # one engine per generation placement this rank is in (tp = pp = 1: per replica)
+            pl = plan.calls[c.name].placement
+            if c.role == role and c.kind == "generate" and rank in pl.mesh and pl not in rm.generators:
+                gen = make_generator(cfg.gen.backend, mcfg, rm.dtype, cfg.train.seed, mcfg.max_position_embeddings)
+                if gen is not None:
+                    rm.generators[pl] = gen
     return out

@@ -67,3 +67,24 @@ class WordsEnv:
     def step(self, text):
         self.turn += 1
         return ("hi there", 0.0, False) if self.turn < 2 else (None, 1.0, True)
+
+
+class FailingToolEnv:
+    """Two turns, each calling a tool that misbehaves: turn 1 hangs (killed at 1 s), turn 2 floods
+    its output; the run goes on with the error observations."""
+
+    def __init__(self, row):
+        self.turn = 0
+
+    def reset(self):
+        return None
+
+    def step(self, text):
+        import sys
+
+        from meshrl.algo.tool_sandbox import Limits, run_command
+
+        self.turn += 1
+        code = "import time; time.sleep(30)" if self.turn == 1 else "while True: print('x' * 1000)"
+        out = run_command([sys.executable, "-c", code], limits=Limits(timeout_s=1.0, cpu_s=2, output_bytes=500))
+        return out, 0.5, self.turn >= 2

@@ -140,3 +140,12 @@ def test_env_errors_name_the_culprit():
         load_config(None, BASE + [f"env.fn={ENV}:CountEnv", "env.max_tokens=4"])
     with pytest.raises(UserError, match=r"BadReturn.*returned the reward 'one', not a finite number, on dataset row"):
         _rollout("BadReturn")
+
+
+def test_a_tool_that_hangs_or_floods_becomes_an_observation():
+    cfg, b, h, ctx, g = _rollout("FailingToolEnv", ["data.batch_size=1", "env.max_tokens=80"])
+    assert torch.all(g["env_counts"][:, 1] == 2) and torch.all(g["env_counts"][:, 2] == 2)  # 2 calls, 2 errors
+    assert torch.all(g["env_reward"] == 1.0)
+    p = b["prompt_ids"].shape[1]
+    obs = g["input_ids"][0, p:][(g["attention_mask"][0, p:] == 1) & (g["response_mask"][0] == 0)]
+    assert "timed out after 1 s" in ctx.tokenizer.decode(obs.tolist())

@@ -80,6 +80,25 @@ def kind(key: str) -> str:
     return "step" if key.startswith(("actor/", "critic/")) else "rollout"
 
 
+# weight_sync/bytes describes the plan (what reallocation moved), not the run's results; the rollout
+# mismatch of meshrl's own engine is rounding (the engine and the trainer compute the same network,
+# in the plan's reduction orders): it is held to ENGINE_MISMATCH, not compared between plans
+PLAN_FIGURES = ("weight_sync/",)
+MISMATCH = ("rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/mismatch_kl")
+ENGINE_MISMATCH = 1e-5  # float32 log-probs of ~-5: a few ulps of rounding; a wrong token or weight is >1e-2
+# bf16: one ulp of a logit of magnitude 4..8 is 2^-5 = 0.03 (measured on the demo: max 5e-3)
+ENGINE_MISMATCH_BF16 = 0.05
+
+
+def comparable(record: dict, bound: float = ENGINE_MISMATCH) -> dict:
+    """The figures every plan must reproduce; asserts meshrl's engine's rollout mismatch is ~0."""
+    out = deterministic_part(record)
+    for k in MISMATCH:
+        if k in out:
+            assert 0.0 <= out.pop(k) < bound, f"{k} = {record[k]}: meshrl's engine and trainer disagree"
+    return {k: v for k, v in out.items() if not k.startswith(PLAN_FIGURES)}
+
+
 def assert_same(want: list[dict], got: list[dict], label: str, grad_norm_rtol: float = GRAD_NORM_RTOL) -> float:
     """Every non-timing figure of every iteration agrees within its kind's bound (``kind``); prints
     the worst scaled difference of each kind and returns the worst over all."""
@@ -87,7 +106,7 @@ def assert_same(want: list[dict], got: list[dict], label: str, grad_norm_rtol: f
     bounds = {**KINDS, "grad_norm": grad_norm_rtol}
     worst = dict.fromkeys(KINDS, 0.0)
     for a, b in zip(want, got, strict=True):
-        a, b = deterministic_part(a), deterministic_part(b)
+        a, b = comparable(a), comparable(b)
         assert sorted(a) == sorted(b), f"{label}: keys differ: {sorted(set(a) ^ set(b))}"
         for k in a:
             d = abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), FLOOR)
@@ -183,7 +202,7 @@ def test_bf16_plans_agree_to_bf16_precision(pool):
         got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
         worst = 0.0
         for a, b in zip(base, got, strict=True):
-            a, b = deterministic_part(a), deterministic_part(b)
+            a, b = comparable(a, ENGINE_MISMATCH_BF16), comparable(b, ENGINE_MISMATCH_BF16)
             assert sorted(a) == sorted(b)
             for k in a:
                 if k.endswith("clipfrac"):  # a count: one token at the clip boundary flips in bf16 (1/12)

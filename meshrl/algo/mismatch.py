@@ -1,0 +1,105 @@
+"""Rollout/training mismatch: the engine's sampling log-probs against the trainer's, measured for
+every backend and corrected where asked (docs/algorithms.md "Rollout correction").
+
+The trainer recomputes log pi_trainer(y_t) of every response token with the actor as it stands
+before the iteration's first update (its train layout, no grad). Against the engine's
+log pi_engine(y_t) (``logp_old`` as generated):
+
+    rollout/logp_diff_mean   mean over response tokens of |log pi_engine - log pi_trainer|
+    rollout/logp_diff_max    the largest such difference in the batch
+    rollout/mismatch_kl      token mean of k3 = (r - 1) - log r, r = pi_trainer / pi_engine
+                             (an estimate of KL(pi_engine || pi_trainer) from the engine's samples)
+
+meshrl's own engine computes the same network as the trainer, so these are ~0 (float rounding).
+With another engine (gen.backend=vllm) the trainer's values become PPO's old log-probs (as verl
+recomputes them) and ``ppo.rollout_is`` weights each token's policy loss by a truncated importance
+ratio pi_trainer / pi_engine (token: per token; sequence: the product over the response), capped at
+``ppo.rollout_is_cap``; ``ppo.rollout_mask_above`` gives weight 0 to sequences whose mean k3
+exceeds it. The weights are constants (no gradient) and the loss keeps its normaliser.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .batch import Batch
+from .handles import ModelHandle
+from .kl import kl_estimate
+
+
+def trainer_logprobs(h: ModelHandle, data: Batch, dp_index: int, dp_size: int, micro_batches: int,
+                     sum_replicas) -> torch.Tensor | None:
+    """log pi_trainer of every response token of ``data`` [B, N] (0 on padding), on the ranks that
+    hold outputs (None elsewhere): each replica computes its split, the replicas' rows are summed
+    into place (each row is non-zero on one replica only, so the float64 sum is exact)."""
+    part = data.split(dp_size)[dp_index] if dp_size > 1 else data
+    lp = h.logprobs(part["input_ids"], part["attention_mask"], max(1, min(micro_batches, len(part))))
+    if lp is None:
+        return None
+    n = data["response_mask"].shape[1]
+    mine = lp[:, -n:].float() * part["response_mask"]
+    if dp_size == 1 or sum_replicas is None:
+        return mine
+    full = torch.zeros(len(data), n, dtype=torch.float64)
+    full[part.index] = mine.double()
+    return torch.tensor(sum_replicas(full.flatten().tolist()), dtype=torch.float64).view(len(data), n).float()
+
+
+def mismatch_metrics(logp_engine: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """rollout/logp_diff_mean, rollout/logp_diff_max, rollout/mismatch_kl of [B, N] log-probs."""
+    m = mask.float()
+    tokens = float(m.sum().clamp(min=1))
+    diff = (logp_engine - logp_trainer).abs() * m
+    k3 = kl_estimate(logp_engine, logp_trainer, "k3") * m
+    return {"rollout/logp_diff_mean": float(diff.sum()) / tokens, "rollout/logp_diff_max": float(diff.max()),
+            "rollout/mismatch_kl": float(k3.sum()) / tokens}
+
+
+def rollout_weights(logp_engine: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor, mode: str,
+                    cap: float, mask_above: float | None) -> torch.Tensor:
+    """Per-token loss weights [B, N] (1 where nothing applies):
+
+        token:     w_t = min(pi_trainer(y_t) / pi_engine(y_t), cap)
+        sequence:  w_t = min(prod_s pi_trainer(y_s) / pi_engine(y_s), cap)   for every t of the row
+        mask:      w_t = 0 for every t of a row whose mean k3 over its tokens > mask_above
+
+    computed in log space and capped before exponentiating (no overflow)."""
+    m = mask.float()
+    log_r = (logp_trainer - logp_engine) * m
+    lcap = math.log(cap)
+    if mode == "token":
+        w = torch.exp(log_r.clamp(max=lcap))
+    elif mode == "sequence":
+        w = torch.exp(log_r.sum(-1, keepdim=True).clamp(max=lcap)).expand_as(m)
+    else:
+        w = torch.ones_like(m)
+    if mask_above is not None:
+        seq_k3 = (kl_estimate(logp_engine, logp_trainer, "k3") * m).sum(-1) / m.sum(-1).clamp(min=1)
+        w = w * (seq_k3 <= mask_above).float()[:, None]
+    return w * m
+
+
+def rollout_correction(h: ModelHandle, data: Batch, cfg, dp_index: int, dp_size: int, micro_batches: int,
+                       sum_replicas) -> tuple[Batch, dict[str, float]]:
+    """``data`` with the trainer's old log-probs (engines other than meshrl's) and the loss weights
+    ``is_weight`` (ppo.rollout_is / rollout_mask_above) on the ranks that hold outputs, and the
+    rollout/* figures there ({} and ``data`` unchanged elsewhere)."""
+    trainer = trainer_logprobs(h, data, dp_index, dp_size, micro_batches, sum_replicas)
+    if trainer is None:
+        return data, {}
+    engine, mask = data["logp_old"], data["response_mask"]
+    stats = mismatch_metrics(engine, trainer, mask)
+    p = cfg.ppo
+    if cfg.gen.backend != "meshrl":  # only meshrl's engine promises the trainer's own numbers
+        data = data.with_(logp_old=trainer)
+    if p.rollout_is != "off" or p.rollout_mask_above is not None:
+        w = rollout_weights(engine, trainer, mask, p.rollout_is, p.rollout_is_cap, p.rollout_mask_above)
+        tokens = float(mask.sum().clamp(min=1))
+        stats["rollout/is_weight_mean"] = float(w.sum()) / tokens
+        rows = mask.sum(-1) > 0
+        dropped = rows & (w.sum(-1) == 0)
+        stats["rollout/masked_frac"] = float(dropped.sum()) / max(1, int(rows.sum()))
+        data = data.with_(is_weight=w)
+    return data, stats

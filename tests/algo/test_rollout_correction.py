@@ -1,0 +1,72 @@
+"""Rollout correction (meshrl/algo/mismatch.py) on numbers worked out by hand, and the backend
+checks that refuse what vLLM cannot run (meshrl/gen/checks.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from meshrl.algo.mismatch import mismatch_metrics, rollout_weights
+from meshrl.errors import UserError
+from meshrl.gen.checks import check_backend
+from meshrl.model.presets import get_preset
+
+# two rows, three response tokens; row 1's last token is padding
+ENGINE = torch.tensor([[math.log(0.5), math.log(0.25), math.log(0.8)], [math.log(0.1), math.log(0.9), 0.0]])
+TRAINER = torch.tensor([[math.log(0.5), math.log(0.75), math.log(0.4)], [math.log(0.4), math.log(0.9), -3.0]])
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+
+
+def test_mismatch_metrics_by_hand():
+    m = mismatch_metrics(ENGINE, TRAINER, MASK)
+    diffs = [0.0, math.log(3), math.log(2), math.log(4), 0.0]  # |log 0.25/0.75|, |log 0.8/0.4|, |log 0.1/0.4|
+    assert m["rollout/logp_diff_mean"] == pytest.approx(sum(diffs) / 5)
+    assert m["rollout/logp_diff_max"] == pytest.approx(math.log(4))  # the padding's 3.0 is not counted
+    k3 = [r - 1 - math.log(r) for r in (1.0, 3.0, 0.5, 4.0, 1.0)]  # r = pi_trainer / pi_engine
+    assert m["rollout/mismatch_kl"] == pytest.approx(sum(k3) / 5)
+
+
+def test_token_weights_are_truncated_ratios():
+    w = rollout_weights(ENGINE, TRAINER, MASK, "token", 2.0, None)
+    assert torch.allclose(w, torch.tensor([[1.0, 2.0, 0.5], [2.0, 1.0, 0.0]]))  # 3 and 4 capped at 2
+
+
+def test_sequence_weights_are_the_truncated_product():
+    w = rollout_weights(ENGINE, TRAINER, MASK, "sequence", 2.0, None)
+    # row 0: 1 * 3 * 0.5 = 1.5; row 1: 4 * 1 = 4 -> 2 (cap); padding stays 0
+    assert torch.allclose(w, torch.tensor([[1.5, 1.5, 1.5], [2.0, 2.0, 0.0]]))
+    w = rollout_weights(ENGINE, TRAINER, MASK, "sequence", 10.0, None)
+    assert torch.allclose(w[1, :2], torch.tensor([4.0, 4.0]))
+
+
+def test_mask_above_drops_rows_by_their_mean_k3():
+    # row 0's mean k3 = (0 + (2 - log 3) + (-0.5 + log 2)) / 3 = 0.3648; row 1's = (3 - log 4) / 2 = 0.8069
+    w = rollout_weights(ENGINE, TRAINER, MASK, "off", 2.0, 0.5)
+    assert torch.equal(w, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    w = rollout_weights(ENGINE, TRAINER, MASK, "token", 2.0, 0.2)
+    assert torch.equal(w, torch.zeros(2, 3))
+
+
+def test_equal_log_probs_change_nothing():
+    w = rollout_weights(TRAINER, TRAINER, MASK, "sequence", 2.0, 1e-9)
+    assert torch.equal(w, MASK.float())
+    assert mismatch_metrics(TRAINER, TRAINER, MASK) == {"rollout/logp_diff_mean": 0.0, "rollout/logp_diff_max": 0.0,
+                                                       "rollout/mismatch_kl": 0.0}
+
+
+@pytest.mark.parametrize("tp,pp,model,device,words", [
+    (1, 2, None, "cpu", "pp=2"),
+    (2, 1, None, "cuda", "tp=2"),
+    (1, 1, get_preset("tiny"), "cpu", "head_dim=16"),
+])
+def test_vllm_refuses_by_name(tp, pp, model, device, words):
+    with pytest.raises(UserError, match=words):
+        check_backend("vllm", "actor_gen", tp, pp, device, model)
+
+
+def test_unknown_backend_and_meshrl_anything():
+    with pytest.raises(UserError, match="gen.backend='sglang'"):
+        check_backend("sglang", "actor_gen", 1, 1, "cpu", None)
+    check_backend("meshrl", "actor_gen", 4, 4, "cpu", get_preset("tiny"))
