@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from ..model.numerics import wide
 from .batch import Batch
 from .handles import ModelHandle
 from .kl import kl_estimate
@@ -39,12 +40,13 @@ def trainer_logprobs(h: ModelHandle, data: Batch, dp_index: int, dp_size: int, m
     if lp is None:
         return None
     n = data["response_mask"].shape[1]
-    mine = lp[:, -n:].float() * part["response_mask"]
+    mine = wide(lp[:, -n:]) * part["response_mask"]
     if dp_size == 1 or sum_replicas is None:
         return mine
     full = torch.zeros(len(data), n, dtype=torch.float64)
     full[part.index] = mine.double()
-    return torch.tensor(sum_replicas(full.flatten().tolist()), dtype=torch.float64).view(len(data), n).float()
+    summed = torch.tensor(sum_replicas(full.flatten().tolist()), dtype=torch.float64)
+    return summed.view(len(data), n).to(mine.dtype)
 
 
 def mismatch_metrics(logp_engine: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
