@@ -126,6 +126,9 @@ class PPOConfig:
     rollout_is: str = "off"  # off | token | sequence: truncated importance weights pi_trainer / pi_engine
     rollout_is_cap: float = 2.0  # the weights' upper bound (TRL's vllm_importance_sampling_cap default)
     rollout_mask_above: float | None = None  # drop sequences whose mean k3 mismatch exceeds this (None: keep all)
+    decoupled: bool = False  # decoupled PPO (AReaL): clip around the proximal policy (the actor before this
+    # iteration's first update, recomputed by the trainer), each token weighted by min(pi_prox / pi_behav,
+    # rollout_is_cap), pi_behav the policy that sampled it (any version: train.off_policy=k)
 
 
 @dataclass
