@@ -17,8 +17,7 @@ from meshrl.config import load_config
 from meshrl.runtime.launch import RankPool
 from meshrl.runtime.run import rank_main
 from oracle import one_process_metrics
-from meshrl.observe.metrics import deterministic_part
-from test_plans_equal import COMMON, CONFIGS, FLOOR, PLAN_FIGURES, comparable, plans_for
+from test_plans_equal import COMMON, CONFIGS, FLOOR, comparable, plans_for
 
 EXACT = 1e-9
 PLANS = ("colocated", "disaggregated", "random1")  # random1 uses tp > 1 and pp > 1 (plans_for)
@@ -28,23 +27,13 @@ def config(algo: str, extra: tuple[str, ...] = ()):
     return load_config(None, CONFIGS[algo] + COMMON + ["train.dtype=float64", *extra])
 
 
-def figures(record: dict, engine_bound: float | None) -> dict:
-    """What every plan must reproduce: the deterministic figures but the plan's own (weight_sync/).
-    ``engine_bound``: meshrl's engine and the trainer compute the same network, so on-policy their
-    log-probs differ by rounding only: asserted below the bound and left out. Off-policy the trainer
-    is k updates ahead of the sampler, the difference is real, and it is compared like the rest."""
-    if engine_bound is not None:
-        return comparable(record, engine_bound)
-    return {k: v for k, v in deterministic_part(record).items() if not k.startswith(PLAN_FIGURES)}
-
-
-def worst_diff(want: list[dict], got: list[dict], engine_bound: float | None = EXACT) -> tuple[float, str]:
+def worst_diff(want: list[dict], got: list[dict]) -> tuple[float, str]:
     """The largest |a - b| / max(|a|, |b|, FLOOR) over every deterministic figure but the plan's own
     (weight_sync/), and where; the engine-vs-trainer mismatch of each record must be below 1e-9."""
     assert [r["iteration"] for r in want] == [r["iteration"] for r in got]
     worst, where = 0.0, ""
     for a, b in zip(want, got, strict=True):
-        a, b = figures(a, engine_bound), figures(b, engine_bound)
+        a, b = comparable(a, EXACT), comparable(b, EXACT)  # the engine's mismatch: test_plans_equal.comparable
         assert sorted(a) == sorted(b), f"keys differ: {sorted(set(a) ^ set(b))}"
         for k in a:
             d = abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), FLOOR)
@@ -104,6 +93,6 @@ def test_two_steps_off_policy_gives_the_same_figures_under_every_plan(pool):
     assert [r["reward/mean"] for r in one[2:]] != [r["reward/mean"] for r in want[2:]]
     for name in ("disaggregated", "random1"):
         got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
-        worst, where = worst_diff(want, got, engine_bound=None)
+        worst, where = worst_diff(want, got)
         print(f"off_policy=2 {name} vs colocated: worst scaled difference {worst:.1e} ({where})")
         assert worst <= EXACT, where
