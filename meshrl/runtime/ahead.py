@@ -5,6 +5,7 @@ same plan or another one, puts it back."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +29,6 @@ def save_after(engine: Engine, out: str | Path, t: int, timeout_s: float,
 def ahead_state(engine: Engine, t: int) -> dict:
     """What iteration t's generation, run ahead of time (async), left on this rank: the output rows
     of every call of t it holds ({call: {"data", "index"}}) and the rank's log of t so far."""
-    import dataclasses
 
     held = {name: {"data": b.data, "index": b.index} for (name, it), b in engine.held.items() if it == t}
     log = engine.logs.get(t)
