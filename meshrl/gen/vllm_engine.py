@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..model.config import ModelConfig
+from ..model.hf_config import config_to_hf
 from ..model.generation import GenerationConfig, GenerationOutput
 
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -100,7 +101,7 @@ class VllmGenerator:
         self.dtype, self.bucket_bytes = dtype, bucket_bytes
         self.loaded_bytes = 0
         self._dir = Path(tempfile.mkdtemp(prefix="meshrl-vllm-"))
-        hf = model_cfg.to_hf_dict()
+        hf = config_to_hf(model_cfg)
         hf["torch_dtype"] = hf["dtype"] = str(dtype).removeprefix("torch.")
         (self._dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         self.cuda = torch.cuda.is_available() and torch.distributed.is_initialized() \
