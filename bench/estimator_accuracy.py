@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from meshrl.model import GenerationConfig, build_model, generate, get_preset, sequence_logprobs  # noqa: E402
 from meshrl.layout.mesh import Layout  # noqa: E402
 from meshrl.plan.estimator import CallSpec, RunShape, estimate_call  # noqa: E402
-from meshrl.plan.hardware import load_profile  # noqa: E402
-from meshrl.runtime.profile_layers import median_time  # noqa: E402
+from meshrl.plan.hardware_profile import load_profile  # noqa: E402
+from meshrl.profile.layers import median_time  # noqa: E402
 
 CASES = (("tiny", RunShape(16, 16, 32)), ("tiny", RunShape(32, 64, 64)), ("small", RunShape(32, 16, 8)))
 

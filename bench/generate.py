@@ -3,6 +3,10 @@
 
     python bench/generate.py [--preset llama-3m|tiny|small] [--batch 1,8,32] [--new-tokens 32] [--repeats 5]
                              [--threads 1] [--dtype float32|bfloat16] [--no-compile] [--skip-train]
+    python bench/generate.py --backend meshrl,vllm [--model DIR | --preset llama-3m] [--batch 8,32,64]
+                             [--dtype float32,bfloat16] [--new-tokens 64] [--grpo CONFIG.yaml]
+
+The second form compares meshrl's engine with vLLM instead of transformers (bench/backends.py).
 
 Both sides get the same checkpoint (saved by meshrl, read by transformers), the same left-padded
 prompts of different lengths, the same thread count; runs alternate ours/theirs so that noise from
@@ -114,12 +118,27 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (0 = torch's default); 1 makes CPU time a clean measure of work")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+    ap.add_argument("--dtype", default="float32",
                     help="both sides' weights and activations (bfloat16: AMX matmuls on CPUs that have them)")
     ap.add_argument("--no-compile", action="store_true", help="skip the gen.compile rows")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--no-thp", action="store_true", help="leave THP_MEM_ALLOC_ENABLE unset")
+    ap.add_argument("--backend", help="meshrl,vllm: compare meshrl's engine with vLLM (bench/backends.py)")
+    ap.add_argument("--model", help="with --backend: a checkpoint directory (e.g. SmolLM2) instead of --preset")
+    ap.add_argument("--grpo", metavar="CONFIG", help="with --backend: also one GRPO iteration of CONFIG per backend")
     args = ap.parse_args()
+    if args.backend:
+        from backends import compare, grpo_iteration
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        compare(args.model or args.preset, [int(b) for b in args.batch.split(",")], args.dtype.split(","),
+                args.new_tokens, args.repeats, tuple(map(int, args.prompt_len.split(","))))
+        if args.grpo:
+            grpo_iteration(args.grpo, args.backend.split(","), [])
+        return
+    if args.dtype not in ("float32", "bfloat16"):
+        ap.error(f"--dtype {args.dtype!r}: float32 or bfloat16 (a list only with --backend)")
     if args.threads:
         torch.set_num_threads(args.threads)
     from meshrl.host_memory import keep_freed_memory

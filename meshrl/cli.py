@@ -14,6 +14,8 @@ import sys
 
 from . import __version__
 from .errors import UserError
+from .cores import quiet_waits
+from .host_memory import keep_freed_memory
 
 COMMANDS = ("train", "plan", "profile", "bench", "check", "generate")
 
@@ -75,8 +77,6 @@ def subcommand_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argpa
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from .cores import quiet_waits
-    from .host_memory import keep_freed_memory
 
     quiet_waits()  # before anything loads torch's OpenMP runtime (meshrl/cores.py)
     keep_freed_memory()  # activations reuse freed pages instead of faulting in new ones (meshrl/host_memory.py)

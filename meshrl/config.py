@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from .config_checks import check_ranges
 from .errors import UserError
 
 ALGOS = ("ppo", "grpo", "remax", "rloo", "dpo", "sft", "rm")
@@ -229,9 +230,6 @@ class Config:
             raise UserError(f"ppo.kl_mode={self.ppo.kl_mode!r} is not one of auto, reward, loss")
         if self.ppo.kl_estimator not in ("auto", "k1", "k2", "k3", "abs"):
             raise UserError(f"ppo.kl_estimator={self.ppo.kl_estimator!r} is not one of auto, k1, k2, k3, abs")
-        from .algo.recipe_config import validate_recipes  # loss variants, LR schedule, rewards, eval
-
-        validate_recipes(self)
         for key, val in (("data.batch_size", self.data.batch_size), ("data.gen_len", self.data.gen_len),
                          ("data.prompt_len", self.data.prompt_len), ("ppo.epochs", self.ppo.epochs),
                          ("ppo.mini_batches", self.ppo.mini_batches),
@@ -243,8 +241,6 @@ class Config:
             val = getattr(self.data, key)
             if val is not None and not 1 <= val <= self.data.gen_len:
                 raise UserError(f"data.{key}={val} must be between 1 and data.gen_len={self.data.gen_len}")
-        from .config_checks import check_ranges
-
         check_ranges(self)  # every other key's range (meshrl/config_checks.py)
 
 

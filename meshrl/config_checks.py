@@ -1,7 +1,8 @@
 """The allowed range of every numeric config key, checked when a config is loaded
 (Config.validate), so a bad value is one message naming the key before anything runs: zero or a
-negative where a count or a rate must be positive, nan and infinities, an empty string, an
-unknown device or model preset.
+negative where a count or a rate must be positive, nan and infinities, or an empty string.
+The names a key must take from another package (a device, a model preset, a loss variant) are
+checked by their owners (meshrl/commands/settings.py).
 
 One table instead of checks scattered over the code that reads each key; a key absent from it
 has no range beyond its type (e.g. a seed, or ppo.kl_coef = 0, which turns the KL term off).
@@ -52,19 +53,3 @@ def check_ranges(cfg: object) -> None:
             if not (v >= lo if lo_ok else v > lo) or (hi is not None and v > hi):
                 want = f"{'>=' if lo_ok else '>'} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
                 raise UserError(f"config key {key} must be {want}, got {v}")
-    check_names(cfg)
-
-
-def check_names(cfg: object) -> None:
-    """Devices and model presets by name, listing the known ones."""
-    from .model.presets import PRESETS as MODELS
-    from .plan.hardware import PRESETS as DEVICES
-
-    device = cfg.cluster.device
-    if device != "cpu" and device not in DEVICES:
-        raise UserError(f"config key cluster.device: unknown device {device!r}; known devices: "
-                        f"{', '.join(DEVICES)}, cpu (measured)")
-    for role, spec in vars(cfg.models).items():
-        if spec.path is None and spec.preset is not None and spec.preset not in MODELS:
-            raise UserError(f"config key models.{role}.preset: unknown model preset {spec.preset!r}; known presets: "
-                            f"{', '.join(MODELS)}")

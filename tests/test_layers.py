@@ -1,10 +1,13 @@
 """The layers stay honest: meshrl's import graph (every import statement of every module, lazy ones
-inside functions included, read with ``ast``) has no upward edge and no cycle between packages.
+inside functions included, read with ``ast``) has no upward edge, no cycle between packages and no
+cycle between files, and every import left inside a function says why on its line.
 
-Layers, bottom up (DESIGN.md "One path"): errors, config; model (knows no ranks); layout (pure rank
-and shard math) and data; algo (the calls, written against a model handle: no runtime, no layout,
-no parallel code); parallel; gen (generation backends); realloc; plan (pure: no torch.distributed, no runtime); observe;
-runtime; commands and cli on top."""
+Layers, bottom up (DESIGN.md "One path"): errors, cores and host_memory; config (the sections, which
+every package reads: it imports nothing of meshrl but errors); model (knows no ranks); layout (pure
+rank and shard math) and data; algo (the calls, written against a model handle: no runtime, no
+layout, no parallel code); parallel; gen (generation backends); realloc; plan (pure: no torch.distributed, no runtime);
+observe; runtime; profile (measures the machine by running the layers below); commands and cli on
+top. The top-level modules are layers like the packages (no exemption)."""
 
 from __future__ import annotations
 
@@ -15,17 +18,26 @@ import meshrl
 
 ROOT = Path(meshrl.__file__).parent
 # package -> packages it must never import (directly or lazily)
+TOP = {"commands", "cli"}
+EVERY = {"algo", "model", "layout", "data", "parallel", "gen", "realloc", "plan", "observe", "runtime", "profile",
+         *TOP}
 FORBIDDEN = {
-    "algo": {"runtime", "parallel", "realloc", "layout", "plan", "commands", "cli"},
-    "model": {"parallel", "runtime", "realloc", "layout", "algo", "plan", "commands", "cli"},
-    "layout": {"parallel", "runtime", "realloc", "algo", "plan", "commands", "cli"},
-    "plan": {"runtime", "parallel", "realloc", "commands", "cli"},
-    "parallel": {"runtime", "realloc", "algo", "plan", "commands", "cli"},
-    "realloc": {"runtime", "algo", "plan", "commands", "cli"},
-    "data": {"runtime", "parallel", "realloc", "algo", "plan", "commands", "cli"},
-    "observe": {"runtime", "commands", "cli"},
-    "gen": {"runtime", "algo", "plan", "realloc", "commands", "cli"},
-    "runtime": {"commands", "cli"},
+    "errors": EVERY | {"config", "cores", "host_memory"},
+    "cores": EVERY | {"config", "host_memory"},
+    "host_memory": EVERY | {"config", "cores"},
+    "config": EVERY | {"cores", "host_memory"},
+    "algo": {"runtime", "parallel", "realloc", "layout", "plan", "profile", *TOP},
+    "model": {"parallel", "runtime", "realloc", "layout", "algo", "plan", "profile", *TOP},
+    "layout": {"parallel", "runtime", "realloc", "algo", "plan", "profile", *TOP},
+    "plan": {"runtime", "parallel", "realloc", "profile", *TOP},
+    "parallel": {"runtime", "realloc", "algo", "plan", "profile", *TOP},
+    "realloc": {"runtime", "algo", "plan", "profile", *TOP},
+    "data": {"runtime", "parallel", "realloc", "algo", "plan", "profile", *TOP},
+    "observe": {"runtime", "profile", *TOP},
+    "gen": {"runtime", "algo", "plan", "realloc", "profile", *TOP},
+    "runtime": {"profile", *TOP},
+    "profile": TOP,
+    "commands": {"cli"},
 }
 NO_DISTRIBUTED = ("plan", "layout", "model")  # packages that never import torch.distributed
 
@@ -62,16 +74,12 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str | None:
+    """A module's layer: its subpackage (meshrl.algo.calls -> algo) or, for a top-level module, its
+    own name (meshrl.config_checks is the config's); None outside meshrl."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "meshrl" and len(parts) > 1 else None
-
-
-def package(module: str) -> str | None:
-    """The subpackage a module belongs to (meshrl.algo, meshrl.plan, ...); None for the top-level
-    modules (config, errors, cli), which the cycle check leaves out: config's validation reads
-    names it checks from the packages (device and model presets, recipe keys), lazily."""
-    name = layer(module)
-    return name if name and (ROOT / name).is_dir() else None
+    if parts[0] != "meshrl" or len(parts) < 2:
+        return None
+    return "config" if parts[1] == "config_checks" else parts[1]
 
 
 def test_no_upward_edge():
@@ -90,7 +98,7 @@ def test_no_cycle_between_packages():
     edges: dict[str, set[str]] = {}
     for mod, deps in graph().items():
         for dep in deps:
-            a, b = package(mod), package(dep)
+            a, b = layer(mod), layer(dep)
             if a and b and a != b:
                 edges.setdefault(a, set()).add(b)
     state: dict[str, int] = {}
@@ -112,13 +120,83 @@ def test_no_cycle_between_packages():
             visit(n)
 
 
+def file_cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted. A module's
+    import of its own package (``from . import x`` in a package's file) is not an edge."""
+    edges = {m: {d for d in deps if d in g and d != m and not m.startswith(d + ".")} for m, deps in g.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_cycle_between_files():
+    """Issue 29: no two modules import each other, however indirectly, counting the imports inside
+    functions (a cycle closed by a lazy import is still a cycle)."""
+    cycles = file_cycles(graph())
+    assert not cycles, "file-level import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def lazy_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every import statement inside a function of ``path``."""
+    lines = path.read_text().splitlines()
+    out = []
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    text = " ".join(lines[i].strip() for i in range(node.lineno - 1, node.end_lineno))
+                    out.append((node.lineno, text))
+    return out
+
+
+def test_every_import_inside_a_function_says_why():
+    """An import inside a function is for an optional or slow dependency, or keeps the planner's
+    commands torch-free; its line carries the reason as a comment."""
+    bad = [f"{p.relative_to(ROOT.parent)}:{n}: {text}" for p in sorted(ROOT.rglob("*.py"))
+           for n, text in lazy_imports(p) if "#" not in text]
+    assert not bad, "imports inside functions without a reason:\n" + "\n".join(bad)
+
+
+def test_the_cycle_check_sees_a_lazy_cycle():
+    """A cycle closed by an import inside a function is found (else the test above checks nothing)."""
+    g = {"meshrl.a": {"meshrl.b"}, "meshrl.b": {"meshrl.c"}, "meshrl.c": {"meshrl.a"}, "meshrl.d": {"meshrl.a"}}
+    assert file_cycles(g) == [["meshrl.a", "meshrl.b", "meshrl.c"]]
+
+
 def test_the_check_sees_an_upward_edge(tmp_path, monkeypatch):
     """The graph reader resolves relative and lazy imports (else the tests above check nothing)."""
     g = graph()
     assert "meshrl.algo.calls" in g["meshrl.runtime.engine"]  # a relative import across packages
-    assert "meshrl.plan.search" in g["meshrl.runtime.plans"]  # a lazy one, inside a function
+    assert "meshrl.runtime.job" in g["meshrl.commands.train"]  # a lazy one, inside a function
+    assert any("runtime.job" in text for _, text in lazy_imports(ROOT / "commands" / "train.py"))
     src = tmp_path / "meshrl" / "algo"
     src.mkdir(parents=True)
-    (src / "bad.py").write_text("def f():\n    from ..runtime.engine import Engine\n")
+    (src / "bad.py").write_text("def f():\n    from ..runtime.engine import (\n        Engine)\n")
+    assert lazy_imports(src / "bad.py") == [(2, "from ..runtime.engine import ( Engine)")]  # no reason: '#' absent
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path / "meshrl")
     assert "meshrl.runtime.engine" in imports(src / "bad.py")

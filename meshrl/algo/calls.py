@@ -256,13 +256,3 @@ def row_wise(call: Call) -> bool:
     """Whether the call maps rows to rows (each dp replica runs its part of the batch), rather than
     training on the whole batch."""
     return call.kind != "train"
-
-
-def implementation(call: Call, algo: str) -> Callable:
-    """The function that runs ``call`` of ``algo``'s graph: ``fn(handle, batch, ctx, place)``, which
-    returns the replica's output rows (row-wise calls) or the call's statistics (train calls)."""
-    from .calls_offline import OFFLINE_CALLS
-
-    if algo in OFFLINE_CALLS:
-        return OFFLINE_CALLS[algo][call.name]
-    return ROW_CALLS.get(call.name) or TRAIN_CALLS[call.name]

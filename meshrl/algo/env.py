@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from .user_code import load_user_object
+import functools
 
 ALGOS_WITH_ENV = ("ppo", "grpo", "rloo")
 
@@ -140,7 +141,6 @@ def load_env(spec: str, key: str = "env.fn") -> EnvClass:
 def _unbound(cls: type, method: str, fn):
     """A class's method as its instances would see it: without ``self`` (a plain function in the
     class), as is (a staticmethod or classmethod)."""
-    import functools
 
     raw = inspect.getattr_static(cls, method)
     return functools.partial(fn, None) if inspect.isfunction(raw) else fn

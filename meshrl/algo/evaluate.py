@@ -21,6 +21,10 @@ from ..config import Config
 from .batch import Batch
 from .common import CallContext, key_seed
 from .scoring import eval_records, function_scores
+from .setup import encode_prompt_batch
+from .calls import generate_rows
+from .calls import Place
+import copy
 
 
 def evaluates(cfg: Config) -> bool:
@@ -37,7 +41,6 @@ def eval_due(cfg: Config, iteration: int) -> bool:
 
 def eval_batch(cfg: Config, tok) -> Batch:
     """The eval prompts, each repeated eval.samples times (prompt-major), with per-sample seeds."""
-    from .setup import encode_prompt_batch
 
     data = encode_prompt_batch(cfg, tok, eval_records(cfg))
     k = cfg.eval.samples
@@ -50,7 +53,6 @@ def eval_batch(cfg: Config, tok) -> Batch:
 def eval_rows(h, part: Batch, ctx: CallContext, place) -> Batch:
     """One replica's rows of the eval batch -> their responses' reward, row_id and sample index
     (``rewards``, ``row_id`` [b]), on every rank of the replica (generation's output is everywhere)."""
-    from .calls import generate_rows
 
     cfg = ctx.cfg
     seqs = generate_rows(h, part, ctx, place, greedy=cfg.eval.samples == 1)
@@ -78,15 +80,12 @@ def eval_metrics(rows: Batch, cfg: Config) -> dict[str, float]:
 
 def evaluate_local(h, cfg: Config, tok, iteration: int) -> dict[str, float]:
     """The whole evaluation on one process's handle (LocalHandle)."""
-    from .calls import Place
 
     batch = eval_batch(cfg, tok)
     return eval_metrics(eval_rows(h, batch, CallContext(cfg, iteration, tok, algo="eval"), Place()), cfg)
 
 
 def _without_overlong(cfg: Config) -> Config:
-    import copy
-
     out = copy.copy(cfg)
     out.reward = copy.copy(cfg.reward)
     out.reward.overlong_buffer = 0

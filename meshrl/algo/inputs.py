@@ -2,9 +2,6 @@
 datasets (read *and* encoded, so a too-long prompt is found now, not after the warm-up), the
 SFT warm-up's data, the reward rule (a plan file: by the train command). Each problem is one
 UserError naming the culprit (the key, the file and line).
-
-Also the run's data story in one place (``warmup_plan``): the built-in demo data is used only by a
-run that brings no data of its own; a user's run never mixes it in.
 """
 
 from __future__ import annotations
@@ -15,30 +12,18 @@ from pathlib import Path
 
 from ..config import Config
 from ..errors import UserError
-
-
-def warmup_plan(cfg: Config) -> tuple[str | None, str]:
-    """What the SFT warm-up before RL / rm / dpo trains on: "demo", the user's ``sft.path``, or None
-    (no warm-up); and a note for the console ("" when there is nothing to say)."""
-    if cfg.algo == "sft" or not cfg.sft.warmup:
-        return None, ""
-    if cfg.models.actor.path:
-        return None, (f"SFT warm-up skipped: the actor is your checkpoint {cfg.models.actor.path} "
-                      "(sft.warmup applies to a preset actor)")
-    if cfg.sft.path:
-        return cfg.sft.path, ""
-    if cfg.data.path:
-        return None, ("SFT warm-up skipped: your data.path has no SFT demonstrations for it, and the built-in "
-                      f"demo's are never mixed into your run; RL starts from the untrained {cfg.models.actor.preset} "
-                      "preset. Give sft.path=FILE.jsonl ({\"prompt\", \"response\"} lines) or "
-                      "models.actor.path=DIR (a trained actor)")
-    return "demo", ""
+from ..model.checkpoint import _check_shapes, _weight_files, read_config
+from ..model.config import param_shapes
+from . import setup
+from .evaluate import eval_batch
+from .graph import graph_of
+from .iteration import dataset
+from .rewards import get_rule
+from .setup import warmup_plan
 
 
 def check_inputs(cfg: Config) -> None:
     """Raise UserError for the first bad input of ``cfg``; read nothing twice into memory for long."""
-    from ..algo.graph import graph_of
-
     if cfg.algo == "sft" and cfg.sft.path:
         raise UserError("sft.path is the SFT warm-up's data for the other algorithms; algo=sft trains on "
                         "data.path")
@@ -49,19 +34,12 @@ def check_inputs(cfg: Config) -> None:
         spec = getattr(cfg.models, role)
         if spec.path and role in roles:
             check_checkpoint(spec.path, f"models.{role}.path", value_head=role in ("critic", "reward"))
-    from . import setup
-    from .iteration import dataset
-
     tok = setup.tokenizer_for(cfg)
     if cfg.models.reward.path is None and cfg.algo not in ("sft", "rm", "dpo"):
-        from .rewards import get_rule
-
         get_rule(cfg.reward.rule)
     with naming_lines(cfg.data.path):
         dataset(cfg, tok)  # the records the iterations draw from, encoded as training will
     if cfg.eval.path is not None:
-        from .evaluate import eval_batch
-
         with naming_lines(cfg.eval.path):
             eval_batch(cfg, tok)  # the held-out prompts, encoded as evaluation will
     source, _ = warmup_plan(cfg)
@@ -104,9 +82,6 @@ def check_file(key: str, path: str | None) -> None:
 def check_checkpoint(path: str, key: str, value_head: bool) -> None:
     """A Hugging Face checkpoint directory that load_pretrained will accept: config.json, weights
     whose names and shapes match it (headers only; no tensor is read)."""
-    from ..model.checkpoint import _check_shapes, _weight_files, read_config
-    from ..model.config import param_shapes
-
     if not Path(path).is_dir():
         raise UserError(f"{key}: no checkpoint directory at {path}")
     try:

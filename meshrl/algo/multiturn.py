@@ -30,6 +30,8 @@ from .common import CallContext, key_seed
 from .env import EnvClass, ToolOutput, load_env, response_width
 from .rollout import generation_config, stop_token_id
 from .scoring import eval_records, train_records
+from ..errors import UserError
+from ..data.chat import load_chat_template
 
 COUNTS = ("turns", "tool_calls", "tool_errors", "truncated", "observations", "obs_tokens")
 _REPLY, _OBS = "MESHRL_REPLY_PROBE", "MESHRL_OBSERVATION_PROBE"
@@ -44,8 +46,6 @@ class ObsRenderer:
     def __init__(self, cfg, tok) -> None:
         self.tok, self.role, self.template = tok, cfg.env.obs_role, None
         if cfg.data.chat_template:
-            from ..data.chat import load_chat_template
-
             self.template = load_chat_template(cfg.models.actor.path)
         self._frames: dict[str, tuple[str, str, str]] = {}
 
@@ -187,8 +187,6 @@ def pack(trajs: list[Trajectory], part: Batch, cfg, pad: int) -> dict[str, torch
     turn_len = torch.zeros(b, cfg.env.max_turns, dtype=torch.long)
     for i, t in enumerate(trajs):
         if len(t.prompt) > p:
-            from ..errors import UserError
-
             raise UserError(f"env.fn's reset() gave a prompt of {len(t.prompt)} tokens, more than "
                             f"data.prompt_len={p}")
         k = len(t.ids)

@@ -11,6 +11,8 @@ from .losses import LOSS_AGGS, RATIOS
 from .lr_schedule import SCHEDULES
 from .env import validate_env
 from .user_rewards import validate_reward
+import math
+from ..data.chat import load_chat_template
 
 
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -20,7 +22,6 @@ def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 def validate_recipes(cfg) -> None:
     p, o = cfg.ppo, cfg.optim
-    import math
 
     for key, v in (("ppo.clip_high", p.clip_high), ("ppo.dual_clip", p.dual_clip),
                    ("optim.min_lr_ratio", o.min_lr_ratio),
@@ -56,8 +57,6 @@ def validate_recipes(cfg) -> None:
         raise UserError("data.chat_template=true needs models.actor.path (a checkpoint with a chat template); "
                         "the built-in presets have none")
     if cfg.data.chat_template:
-        from ..data.chat import load_chat_template
-
         load_chat_template(cfg.models.actor.path)
     e = cfg.eval
     if e.every < 1:

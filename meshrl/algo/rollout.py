@@ -10,6 +10,7 @@ import torch
 from ..config import Config
 from ..model.generation import GenerationConfig
 from .batch import Batch
+from ..data.chat import end_of_turn_id
 from ..model.numerics import wide_dtype
 
 
@@ -24,8 +25,6 @@ def generation_config(cfg: Config, tok, greedy: bool = False) -> GenerationConfi
 def stop_token_id(cfg: Config, tok) -> int | None:
     """The token that ends a response: the chat template's end of turn (data.chat_template), else EOS."""
     if cfg.data.chat_template and cfg.models.actor.path:
-        from ..data.chat import end_of_turn_id
-
         return end_of_turn_id(cfg.models.actor.path, tok)
     return tok.eos_token_id
 

@@ -16,13 +16,12 @@ from ..config import Config
 from .batch import Batch
 from .rollout import decode_responses
 from .user_rewards import overlong_penalty, score_texts
+from ..data import demo
+from ..data.jsonl import read_jsonl
 
 
 @lru_cache(maxsize=4)
 def _records(path: str | None) -> tuple:
-    from ..data import demo
-    from ..data.jsonl import read_jsonl
-
     return tuple(read_jsonl(path, "prompts") if path else demo.prompts())
 
 
@@ -34,8 +33,6 @@ def train_records(cfg: Config) -> list[dict]:
 def eval_records(cfg: Config) -> list[dict]:
     """The held-out prompt records: eval.path's, else (the demo) its held-out problems."""
     if cfg.eval.path is None:
-        from ..data import demo
-
         return demo.prompts("heldout")
     return list(_records(cfg.eval.path))
 

@@ -19,6 +19,7 @@ from ..model.checkpoint import build_model, load_pretrained
 from ..model.tokenizer import ByteTokenizer, load_tokenizer
 from .batch import Batch
 from .common import Role, make_optimizer
+from ..data.chat import load_chat_template
 
 DEMO_SFT_RECORDS = 2000  # noisy demonstrations for the warm-up / algo=sft
 DEMO_PAIRS = 2000  # training preference pairs (algo=rm, algo=dpo)
@@ -72,12 +73,28 @@ def role_lr(cfg: Config, role: str) -> tuple[float, tuple[tuple[str, float], ...
     return (cfg.sft.lr if cfg.algo == "sft" else cfg.optim.lr), ()
 
 
+def warmup_plan(cfg: Config) -> tuple[str | None, str]:
+    """What the SFT warm-up before RL / rm / dpo trains on: "demo", the user's ``sft.path``, or None
+    (no warm-up); and a note for the console ("" when there is nothing to say)."""
+    if cfg.algo == "sft" or not cfg.sft.warmup:
+        return None, ""
+    if cfg.models.actor.path:
+        return None, (f"SFT warm-up skipped: the actor is your checkpoint {cfg.models.actor.path} "
+                      "(sft.warmup applies to a preset actor)")
+    if cfg.sft.path:
+        return cfg.sft.path, ""
+    if cfg.data.path:
+        return None, ("SFT warm-up skipped: your data.path has no SFT demonstrations for it, and the built-in "
+                      f"demo's are never mixed into your run; RL starts from the untrained {cfg.models.actor.preset} "
+                      "preset. Give sft.path=FILE.jsonl ({\"prompt\", \"response\"} lines) or "
+                      "models.actor.path=DIR (a trained actor)")
+    return "demo", ""
+
+
 def warms_up(cfg: Config) -> bool:
     """Whether the run starts with a quick SFT: RL, DPO and the reward model (initialised from the
     SFT model, as in InstructGPT) on a preset actor, on the demo's data or the user's sft.path, unless
-    sft.warmup is off (meshrl/algo/inputs.py: warmup_plan)."""
-    from .inputs import warmup_plan
-
+    sft.warmup is off (``warmup_plan``)."""
     return warmup_plan(cfg)[0] is not None
 
 
@@ -146,8 +163,6 @@ def encode_prompt_batch(cfg: Config, tok, records: list[dict]) -> Batch:
     data.chat_template is on."""
     template = None
     if cfg.data.chat_template:
-        from ..data.chat import load_chat_template
-
         template = load_chat_template(cfg.models.actor.path)
     elif any("prompt" not in r for r in records):
         raise UserError("a record has \"messages\" but no \"prompt\": set data.chat_template=true to render "

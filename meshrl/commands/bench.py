@@ -1,6 +1,8 @@
 """``meshrl bench``: benchmarks that measure ours against the hardware limit, side by side in one run.
 
     meshrl bench realloc --model PRESET|DIR --from LAYOUT@RANKS --to LAYOUT@RANKS [--json]
+    meshrl bench generate --model DIR --prompts FILE.jsonl --batch-size B --max-new-tokens N
+                          [--backend meshrl|vllm] [--compile] [--greedy] [--json]   (bench_generate.py)
 
 Each benchmark is one entry of BENCHES: (help, add_arguments, run); add a new one there.
 """
@@ -14,6 +16,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
+from ..model.presets import PRESETS, get_preset
+from ..layout.mesh import Placement
+from ..layout.realloc_plan import realloc_plan
+from ..layout.shardmap import shard_map
+from ..runtime.launch import RankPool
 
 
 # ---- bench realloc ----------------------------------------------------------------------------------
@@ -33,8 +40,7 @@ def _realloc_args(p: argparse.ArgumentParser) -> None:
 
 
 def _model_config(arg: str):
-    from ..model.checkpoint import read_config
-    from ..model.presets import PRESETS, get_preset
+    from ..model.checkpoint import read_config  # lazy: --help and `meshrl plan` load no torch
 
     if arg in PRESETS or not Path(arg).exists():
         return get_preset(arg)
@@ -42,10 +48,6 @@ def _model_config(arg: str):
 
 
 def _realloc_run(args: argparse.Namespace) -> int:
-    from ..layout.mesh import Placement
-    from ..layout.realloc_plan import realloc_plan
-    from ..layout.shardmap import shard_map
-
     cfg = _model_config(args.model)
     src, dst = Placement.parse(args.src), Placement.parse(args.dst)
     for flag, value in (("--repeat", args.repeat), ("--bucket-mb", args.bucket_mb), ("--p2p-mb", args.p2p_mb),
@@ -89,8 +91,7 @@ def _realloc_run(args: argparse.Namespace) -> int:
 
 
 def _realloc_ranks(cfg, args, world: int, bucket_bytes: int, p2p: tuple[int, int, int]) -> list[dict]:
-    from ..realloc.bench import move_and_check
-    from ..runtime.launch import RankPool
+    from ..realloc.bench import move_and_check  # lazy: --help and `meshrl plan` load no torch
 
     with RankPool(world, timeout=args.timeout) as pool:
         return pool.run(move_and_check, cfg, args.src, args.dst, args.value_head, args.seed, args.dtype,
@@ -117,9 +118,23 @@ def _print_realloc(out: dict, as_json: bool) -> None:
 
 
 Bench = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+def _generate_args(p: argparse.ArgumentParser) -> None:
+    from .bench_generate import add_args  # lazy: the name add_args is a loop variable below
+
+    add_args(p)
+
+
+def _generate_run(args: argparse.Namespace) -> int:
+    from .bench_generate import run as run_generate  # lazy: --help and `meshrl plan` load no torch
+
+    return run_generate(args)
+
+
 BENCHES: dict[str, Bench] = {
     "realloc": ("move a model between two layouts, check it, and compare with p2p bandwidth",
                 _realloc_args, _realloc_run),
+    "generate": ("generation tokens/s of one backend (meshrl or vllm) after a warm-up call",
+                 _generate_args, _generate_run),
 }
 
 

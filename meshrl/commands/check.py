@@ -18,6 +18,9 @@ import sys
 import time
 
 from ..errors import UserError
+from ..layout.mesh import Placement
+from ..layout.shardmap import check_shardable
+from ..runtime.launch import RankError, RankPool
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -53,9 +56,7 @@ def default_placements(nprocs: int) -> list[str]:
 
 def _validate(args: argparse.Namespace) -> tuple[object, list[str], list[tuple[str, str]]]:
     """-> (probe, placements to run, [(placement, why skipped)]). Raises UserError on bad input."""
-    from ..layout.mesh import Placement
-    from ..parallel.verify import Probe
-    from ..layout.shardmap import check_shardable
+    from ..parallel.verify import Probe  # lazy: --help and `meshrl plan` load no torch
 
     if args.nprocs < 1:
         raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")
@@ -80,8 +81,7 @@ def _validate(args: argparse.Namespace) -> tuple[object, list[str], list[tuple[s
 
 def run(args: argparse.Namespace) -> int:
     probe, placements, skipped = _validate(args)
-    from ..parallel.verify import TOLERANCE, run_layout, summarize
-    from ..runtime.launch import RankError, RankPool
+    from ..parallel.verify import TOLERANCE, run_layout, summarize  # lazy: --help and `meshrl plan` load no torch
 
     results = []
     try:

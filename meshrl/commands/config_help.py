@@ -9,13 +9,14 @@ import functools
 import re
 import typing
 from pathlib import Path
+from .. import config
+from ..config import Config
 
 
 @functools.lru_cache(maxsize=1)
 def _all_comments() -> dict[tuple[str, str], str]:
     """(class name, field) -> the comment on the field's line (and the comment lines right below
     it) in meshrl/config.py, read once (inspect.getsource per class took a second)."""
-    from .. import config
 
     out: dict[tuple[str, str], str] = {}
     cls = current = None
@@ -45,7 +46,6 @@ def _type_name(tp) -> str:
 
 def config_keys(cls=None, prefix: str = "", obj=None) -> list[tuple[str, str, str, str]]:
     """(key, type, default, comment) for every leaf key, in declaration order."""
-    from ..config import Config
 
     cls = cls or Config
     obj = obj if obj is not None else cls()

@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..model.presets import PRESETS
+from ..data.chat import load_chat_template
+from ..cores import rank_threads
+from ..data.chat import end_of_turn_id
 
 
 def add_parser(subparsers) -> None:
@@ -54,8 +58,8 @@ def add_parser(subparsers) -> None:
 
 def _load(model_arg: str, dtype):
     """-> (model, tokenizer) from a checkpoint directory or a preset name."""
-    from ..model import ByteTokenizer, build_model, load_pretrained, load_tokenizer
-    from ..model.presets import PRESETS
+    from ..model import (  # lazy: --help and `meshrl plan` load no torch
+        ByteTokenizer, build_model, load_pretrained, load_tokenizer)
 
     if Path(model_arg).is_dir():
         return load_pretrained(model_arg, dtype=dtype), load_tokenizer(model_arg)
@@ -104,11 +108,10 @@ def read_prompts(path: str, chat: bool) -> list[str | list[dict]]:
 
 def encode_all(tok, model_dir: str, items: list, chat: bool) -> list[list[int]]:
     """Prompt texts (or, with chat, conversations) -> token ids, as training encodes them."""
-    from ..data.encode import prompt_ids
+    from ..data.encode import prompt_ids  # lazy: --help and `meshrl plan` load no torch
 
     if not chat:
         return [prompt_ids(tok, text) for text in items]
-    from ..data.chat import load_chat_template
 
     # The rendered template carries its own special tokens (BOS included), as transformers'
     # apply_chat_template(tokenize=True) does, and as training encodes a chat record: add none.
@@ -117,10 +120,23 @@ def encode_all(tok, model_dir: str, items: list, chat: bool) -> list[list[int]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    model, tok, prompts, cfg = prepare(args)
+    texts, tokens, seconds = complete(meshrl_engine(model.eval()), prompts, cfg, args.seed, args.batch_size,
+                                      lambda ids: tok.decode(ids))
+    if args.json:
+        print(json.dumps({"completions": texts, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+                          "seconds": seconds}))
+    else:
+        for text in texts:
+            print(text)
+    return 0
 
-    from ..model import GenerationConfig
-    from ..cores import rank_threads
+
+def prepare(args: argparse.Namespace):
+    """-> (model, tokenizer, prompt token ids, GenerationConfig) of the command line, checked."""
+    import torch  # lazy: --help and `meshrl plan` load no torch
+
+    from ..model import GenerationConfig  # lazy: --help and `meshrl plan` load no torch
 
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size)):
         if value < 1:
@@ -143,40 +159,36 @@ def run(args: argparse.Namespace) -> int:
                             f"{model.config.vocab_size}: tokenizer and model do not belong together")
     eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
     if args.chat:  # a reply ends at the template's end of turn, as in training (algo/rollout.py)
-        from ..data.chat import end_of_turn_id
-
         eos = end_of_turn_id(args.model, tok)
     pad = next(t for t in (tok.pad_token_id, eos, 0) if t is not None)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, greedy=args.greedy, temperature=args.temperature,
                            top_k=args.top_k, top_p=args.top_p, eos_token_id=eos, pad_token_id=pad,
                            compile=args.compile)
     cfg.validate()
-    texts, tokens, seconds = complete(model.eval(), prompts, cfg, args.seed, args.batch_size,
-                                      lambda ids: tok.decode(ids))
-    if args.json:
-        print(json.dumps({"completions": texts, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-                          "seconds": seconds}))
-    else:
-        for text in texts:
-            print(text)
-    return 0
+    return model, tok, prompts, cfg
 
 
-def complete(model, prompts: list[list[int]], cfg, seed: int, batch_size: int, decode
+def meshrl_engine(model):
+    """meshrl's engine on a whole model, as ``complete`` calls an engine: (prompts, cfg, seeds) -> output."""
+    from ..model import generate  # lazy: --help and `meshrl plan` load no torch
+
+    return lambda prompts, cfg, seeds: generate(model, prompts, cfg, seeds=seeds)
+
+
+def complete(engine, prompts: list[list[int]], cfg, seed: int, batch_size: int, decode
              ) -> tuple[list[str], int, float]:
     """Generate in batches of similar length; -> (texts in input order, tokens generated, seconds).
 
+    ``engine(prompts, cfg, seeds)`` is meshrl's (``meshrl_engine``) or a Generator's ``generate``.
     Rows are batched by prompt length (less padding); each row's seed is (seed, input index), and
     sampling is batch-invariant, so the grouping changes speed only."""
-    from ..model import generate
-
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     texts: list[str] = [""] * len(prompts)
     tokens, seconds = 0, 0.0
     for lo in range(0, len(order), batch_size):
         rows = order[lo:lo + batch_size]
         t0 = time.perf_counter()
-        out = generate(model, [prompts[i] for i in rows], cfg, seeds=[(seed << 32) + i for i in rows])
+        out = engine([prompts[i] for i in rows], cfg, [(seed << 32) + i for i in rows])
         seconds += time.perf_counter() - t0
         lens = out.response_mask.sum(1).tolist()
         tokens += int(sum(lens))

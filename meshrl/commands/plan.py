@@ -16,6 +16,16 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..plan.search import DEFAULT_STEPS
+from ..plan.fallback import planning_config
+from ..plan.problem import problem_from_config
+from ..plan.report import NAMES, comparison_table, compare, explain, plan_table
+from .train import run_config, split_items
+from ..plan.lengths import apply_lengths
+from dataclasses import replace
+from ..plan.simulator import iteration_time
+from ..plan import validate as measured
+from ..plan.calibrate import read_run, refit, scales_table
+from . import plan_dry_run
 
 
 BARE_HINT = ("(no config given: the built-in demo's models on this machine's one device; to plan a cluster, "
@@ -50,16 +60,18 @@ def add_parser(subparsers) -> None:
                    "(cluster.device=cpu) and print predicted against measured time per call and iteration")
     p.add_argument("--validate-iterations", type=int, default=3, metavar="N",
                    help="iterations run by --validate; the first is a warm-up and is not compared (default 3)")
+    p.add_argument("--dry-run", action="store_true", help="execute one iteration of the chosen plan at full size "
+                   "on fake tensors and a fake process group here (every rank's memory and collectives, audited)")
+    p.add_argument("--dry-run-ranks", choices=("classes", "all"), default="classes",
+                   help="simulate one rank per symmetry class and a checking member (default), or every rank")
+    p.add_argument("--dry-run-decode", choices=("ends", "all"), default="ends",
+                   help="decoding steps the dry run executes: the first and last two (default) or all")
     p.add_argument("--max-ranks", type=int, default=8, metavar="N",
                    help="the most local ranks --validate may start (default 8)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import load_config
-    from ..plan.fallback import planning_config
-    from ..plan.problem import problem_from_config
-    from ..plan.report import NAMES, comparison_table, compare, explain, plan_table
-    from .train import run_config, split_items
+    from .settings import load_settings  # lazy: --help and `meshrl plan` load no torch
 
     steps = DEFAULT_STEPS if args.steps is None else args.steps
     if steps < 1:
@@ -75,14 +87,14 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--calibrate reads the run's own config ({args.calibrate}/config.yaml); "
                             f"drop {config} (key=value overrides are allowed)")
         return calibrate(args, names, overrides, steps)
-    cfg = load_config(config, overrides)
+    cfg = load_settings(config, overrides)
     if config is None and cfg.data.path is None and cfg.models == type(cfg.models)():
         cfg, _ = run_config(config, overrides)  # the demo's models: plan the demo's sizes, as it trains
     if args.validate:
         check_validate(cfg, args)
+    if args.dry_run and args.validate:
+        raise UserError("--dry-run and --validate are two runs of the plan: give one")
     if args.lengths_from:
-        from ..plan.lengths import apply_lengths
-
         mean, longest = apply_lengths(cfg, args.lengths_from)
         if not args.json:
             print(f"response lengths from {args.lengths_from}: mean {mean:.1f}, longest of a batch "
@@ -120,6 +132,13 @@ def run(args: argparse.Namespace) -> int:
         print(BARE_HINT)
     if args.json and args.validate:
         return validate(cfg, problem, res.plan, args.validate_iterations, args.max_ranks, as_json=True)
+    if args.dry_run:
+        if not args.json:
+            print(f"plan: {chosen}")
+            print(plan_table(problem, res.plan))
+            print(f"\ndry run: one iteration of the {chosen} plan on {res.plan.cluster.size} fake ranks ...",
+                  flush=True)
+        return plan_dry_run.run(cfg, problem, res.plan, args.json, args.dry_run_ranks == "all", args.dry_run_decode)
     flipped = off_policy_times(problem, results)
     if args.json:
         print(json.dumps({"strategies": {n: r.to_dict() for n, r in results.items()}, "search_s": search_s,
@@ -150,9 +169,6 @@ def run(args: argparse.Namespace) -> int:
 def off_policy_times(problem, results: dict) -> dict[str, float]:
     """Each strategy's plan priced with train.off_policy flipped (what allowing, or forbidding, one
     step off-policy generation changes for this cluster; the plans are kept as they are)."""
-    from dataclasses import replace
-
-    from ..plan.simulator import iteration_time
 
     other = replace(problem, off_policy=1 - problem.off_policy)
     return {n: iteration_time(other, r.plan) for n, r in results.items() if r.feasible}
@@ -195,8 +211,7 @@ def validate(cfg, problem, plan, iterations: int, max_ranks: int, as_json: bool 
     """Run ``plan`` here and print predicted against measured seconds (and peak memory) per step and
     per iteration; 1 if a rank failed (the message names the rank and the step). ``as_json``: one
     JSON object (plan/validate.py to_json) and nothing else on stdout."""
-    from ..plan.validate import compare, memory, memory_summary, table, to_json
-    from ..runtime.validate import rule_calls, run_plan
+    from ..runtime.validate import run_plan  # lazy: --help and `meshrl plan` load no torch
 
     if as_json:
         try:
@@ -204,8 +219,8 @@ def validate(cfg, problem, plan, iterations: int, max_ranks: int, as_json: bool 
         except RuntimeError as e:
             print(json.dumps({"error": str(e)}))
             return 1
-        rows = compare(problem, plan, records, rule_calls(cfg, plan))
-        print(json.dumps(to_json(rows, memory(problem, plan, records))))
+        rows = measured.compare(problem, plan, records, measured.rule_calls(cfg, plan))
+        print(json.dumps(measured.to_json(rows, measured.memory(problem, plan, records))))
         return 0
     print(f"\nvalidating: running the plan on {plan.cluster.size} local gloo rank(s) for {iterations} iterations "
           "(iteration 0 is a warm-up; medians of the others; no SFT warm-up, so generation runs to data.gen_len)",
@@ -215,43 +230,37 @@ def validate(cfg, problem, plan, iterations: int, max_ranks: int, as_json: bool 
     except RuntimeError as e:
         print(f"meshrl plan: the validation run failed and was stopped: {e}")
         return 1
-    rows = compare(problem, plan, records, rule_calls(cfg, plan))
-    print(table(rows))
-    mem = memory(problem, plan, records)
+    rows = measured.compare(problem, plan, records, measured.rule_calls(cfg, plan))
+    print(measured.table(rows))
+    mem = measured.memory(problem, plan, records)
     print("\npeak memory per call (busiest rank): " + ", ".join(
         f"{n} {p:.3f}/{m:.3f} GiB" for n, (p, m) in mem.items()) + " (predicted/measured)")
-    med, worst = memory_summary(mem)
+    med, worst = measured.memory_summary(mem)
     print(f"memory: median |error| {med:.0%}, worst {worst:.0%}")
-    if rule_calls(cfg, plan):
-        print(f"({', '.join(rule_calls(cfg, plan))}: a rule reward, no model; the estimator prices a model there)")
+    if measured.rule_calls(cfg, plan):
+        calls = ", ".join(measured.rule_calls(cfg, plan))
+        print(f"({calls}: a rule reward, no model; the estimator prices a model there)")
     return 0
 
 
 def calibrate(args: argparse.Namespace, names: list[str], overrides: list[str], steps: int) -> int:
     """--calibrate OUT/: the run's plan priced before and after refitting each call's cost from the
     run's measurements, then the strategies and the search under the refitted costs."""
-    from ..config import load_config
-    from ..plan.calibrate import read_run, refit, scales_table
-    from ..plan.problem import problem_from_config
-    from ..plan.report import comparison_table, compare, plan_table
-    from ..plan.validate import table
-    from ..runtime.validate import rule_calls
+    from .settings import load_settings  # lazy: --help and `meshrl plan` load no torch
 
     cfg_path, run_plan, records = read_run(args.calibrate)
-    cfg = load_config(str(cfg_path), overrides)
+    cfg = load_settings(str(cfg_path), overrides)
     c = run_plan.cluster  # the plan knows the cluster the run had (a --nprocs run's config may not)
     cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device = c.nodes, c.devices_per_node, c.device
     if args.lengths_from:
-        from ..plan.lengths import apply_lengths
-
         apply_lengths(cfg, args.lengths_from)
     problem = problem_from_config(cfg, args.profile)  # the run's own train.off_policy
-    unmodelled = rule_calls(cfg, run_plan)
+    unmodelled = measured.rule_calls(cfg, run_plan)
     fit = refit(problem, run_plan, records, unmodelled)
     before = fit.rows[-1].predicted
     print(f"run in {args.calibrate}: {len(records)} iterations of plan '{run_plan.strategy}' on {c.size} "
           f"{c.device} ranks; predicted (before the refit) against measured, medians after iteration 0:")
-    print(table(fit.rows))
+    print(measured.table(fit.rows))
     print("\nrefitted cost per call (measured / predicted), applied to every layout the search tries:")
     print(scales_table(fit.scales))
     results, search_s = compare(fit.problem, names, steps, args.seed, args.time_limit)

@@ -2,7 +2,7 @@
 
 Matmul throughput at the widths of the presets, memory bandwidth, gloo all-reduce, all-gather and
 send/recv latency and bandwidth by group size, the usable cores, the threads of a rank, and the
-slowdown of k ranks computing at once (meshrl/runtime/profile_cores.py), into the file that ``cluster.device=cpu`` reads
+slowdown of k ranks computing at once (meshrl/profile/cores.py), into the file that ``cluster.device=cpu`` reads
 (default ~/.cache/meshrl/profile-cpu.json, or $MESHRL_PROFILE).
 """
 
@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from ..errors import UserError
+from ..plan.hardware_profile import from_profile, profile_path
+from pathlib import Path
+from ..plan.hardware import PRESETS
+from ..plan.hardware_profile import gpu_from_profile
 
 
 def add_parser(subparsers) -> None:
@@ -25,9 +30,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UserError
-    from ..plan.hardware import from_profile, profile_path
-    from ..runtime.profile import profile
+    from ..profile.machine import profile  # lazy: --help and `meshrl plan` load no torch
 
     if not args.timeout > 0:
         raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
@@ -68,19 +71,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_gpu(args: argparse.Namespace) -> int:
-    """``--gpu PRESET``: the CUDA branch (meshrl/runtime/profile_gpu.py)."""
-    from pathlib import Path
+    """``--gpu PRESET``: the CUDA branch (meshrl/profile/gpu.py)."""
 
-    import torch
-
-    from ..errors import UserError
-    from ..plan.hardware import PRESETS, gpu_from_profile
+    import torch  # lazy: --help and `meshrl plan` load no torch
 
     if args.gpu not in PRESETS:
         raise UserError(f"--gpu {args.gpu!r}: not a GPU preset; known: {', '.join(PRESETS)}")
     if not torch.cuda.is_available():
         raise UserError("--gpu: no CUDA device is visible (a CPU-only build of torch, or no GPU)")
-    from ..runtime.profile_gpu import profile_gpu
+    from ..profile.gpu import profile_gpu  # lazy: --help and `meshrl plan` load no torch
 
     data = profile_gpu(args.gpu, quick=args.quick)
     hw = gpu_from_profile(PRESETS[args.gpu], data)  # the planner must be able to read what we write

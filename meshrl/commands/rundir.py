@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 
 from ..errors import UserError
+import yaml
+from ..config import to_dict
 
 # What a run writes into OUT (meshrl/runtime/checkpoint.py, run.py, warmup.py, observe/, the exported model).
 RUN_ENTRIES = ("config.yaml", "plan.json", "metrics.jsonl", "trace.json", "tensorboard", "actor", "reward",
@@ -56,9 +58,6 @@ def _flat(d: dict, prefix: str = "") -> dict[str, object]:
 def check_resume_config(out: Path, cfg) -> None:
     """--resume continues the run in ``out`` as it was configured: a config that differs from its
     config.yaml (other than RESUME_MAY_CHANGE) would silently make a different run; refuse it."""
-    import yaml
-
-    from ..config import to_dict
 
     saved_file = out / "config.yaml"
     if not saved_file.is_file():

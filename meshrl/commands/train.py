@@ -8,6 +8,12 @@ import argparse
 from pathlib import Path
 
 from ..errors import UserError
+from .config_help import config_epilog
+from ..config import dump_yaml
+from .rundir import check_out, check_resume_config, clear_run
+import os
+from ..plan.strategies import BUILDERS
+from ..runtime.plans import resolve_plan
 
 DEFAULT_OUT = "runs/demo"
 # The built-in demo's sizes per algorithm, applied before the user's own overrides when there is
@@ -26,8 +32,6 @@ DEMO_DEFAULTS: dict[str, list[str]] = {
 
 
 def add_parser(subparsers) -> None:
-    from .config_help import config_epilog
-
     p = subparsers.add_parser("train", help="train with an RLHF algorithm (no arguments: the CPU demo)",
                               description=__doc__, epilog=config_epilog(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,19 +105,18 @@ def sizes_line(cfg) -> str:
 def run_config(config: str | None, overrides: list[str]):
     """(the run's config, whether it is the built-in demo): with no config file and no data.path, the
     demo's sizes for the algorithm (DEMO_DEFAULTS), then the user's overrides on top."""
-    from ..config import load_config
+    from .settings import load_settings  # lazy: --help and `meshrl plan` load no torch
 
-    cfg = load_config(config, overrides)
+    cfg = load_settings(config, overrides)
     is_demo = config is None and cfg.data.path is None
     if is_demo:
-        cfg = load_config(None, DEMO_DEFAULTS[cfg.algo] + overrides)
+        cfg = load_settings(None, DEMO_DEFAULTS[cfg.algo] + overrides)
     return cfg, is_demo
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import dump_yaml
-    from ..algo.inputs import check_inputs, warmup_plan
-    from .rundir import check_out, check_resume_config, clear_run
+    from ..algo.inputs import check_inputs  # lazy: --help and `meshrl plan` load no torch
+    from ..algo.setup import warmup_plan  # lazy: --help and `meshrl plan` load no torch
 
     args = _reparse(args)
     config, overrides = split_items(args.items)
@@ -144,9 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _rank0() -> bool:
     """Whether this process is the job's console and OUT writer: always, except under torchrun."""
-    import os
-
-    from ..runtime.job import under_torchrun
+    from ..runtime.job import under_torchrun  # lazy: --help and `meshrl plan` load no torch
 
     return not under_torchrun() or os.environ.get("RANK") == "0"
 
@@ -155,10 +156,6 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
     """``--plan``: a strategy that can place this run, or a plan file that exists, parses and fits it,
     checked before anything is written (a refused start leaves no run behind in --out); under torchrun
     the world is the job's. A search is run by the job itself (it can take a while)."""
-    import os
-
-    from ..plan.strategies import BUILDERS
-
     spec = spec or "colocated"
     if spec == "search":
         return
@@ -167,7 +164,6 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
             raise UserError(f"--plan: plan file not found: {spec}")
         raise UserError(f"--plan: unknown strategy {spec!r}; known: {', '.join([*BUILDERS, 'search'])}, "
                         "or a plan file (FILE.json)")
-    from ..runtime.plans import resolve_plan
 
     resolve_plan(cfg, spec, int(os.environ.get("WORLD_SIZE", world)))
 
@@ -175,10 +171,9 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
 def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
     """Every run is the runtime (meshrl/runtime/job.py): one rank in this process by default,
     ``--nprocs N`` local ranks, or the ranks of a torchrun job; all write the same OUT/ and resume."""
-    import os
-
-    from ..observe.metrics import eval_summary
-    from ..runtime.job import launch, local_ranks, threads_per_rank, under_torchrun
+    from ..observe.metrics import eval_summary  # lazy: --help and `meshrl plan` load no torch
+    from ..runtime.job import (  # lazy: --help and `meshrl plan` load no torch
+        launch, local_ranks, threads_per_rank, under_torchrun)
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.nprocs or 1)
     rank0 = _rank0()
@@ -213,8 +208,9 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
 def heldout_accuracy(model_dir: Path) -> tuple[int, int]:
     """(right, asked): the saved actor's greedy answers to the demo's held-out problems, which no stage
     trained on (meshrl/data/demo.py), checked by the rule."""
-    from ..data import demo
-    from ..model import ByteTokenizer, GenerationConfig, generate, load_pretrained
+    from ..data import demo  # lazy: --help and `meshrl plan` load no torch
+    from ..model import (  # lazy: --help and `meshrl plan` load no torch
+        ByteTokenizer, GenerationConfig, generate, load_pretrained)
 
     records = demo.prompts("heldout")
     tok, model = ByteTokenizer(), load_pretrained(model_dir).eval()

@@ -47,7 +47,7 @@ class ChatTemplate:
         return self.render_messages(messages_of(record, self.source), add_generation_prompt)
 
     def render_messages(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        import jinja2
+        import jinja2  # only for chat templates (slow to import)
 
         try:
             return _compiled(self.template).render(messages=messages, add_generation_prompt=add_generation_prompt,
@@ -124,9 +124,9 @@ def load_chat_template(path: str | Path) -> ChatTemplate:
 @lru_cache(maxsize=16)
 def _compiled(template: str):
     """The template compiled in transformers' sandbox (cached: a run renders thousands of records)."""
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    import jinja2  # only for chat templates (slow to import)
+    import jinja2.ext  # only for chat templates (slow to import)
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # only for chat templates (slow to import)
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)

@@ -49,7 +49,7 @@ def make_generator(backend: str, model_cfg: ModelConfig, dtype: torch.dtype, see
     """This rank's engine for ``backend`` (None for meshrl's own engine, which is the model handle)."""
     if backend == "meshrl":
         return None
-    from .vllm_engine import VllmGenerator
+    from .vllm_engine import VllmGenerator  # optional: vLLM is an extra ('.[vllm]')
 
     gen = VllmGenerator(model_cfg, dtype, seed, max_len)
     _OPEN.append(gen)
@@ -60,7 +60,7 @@ def join(backend: str) -> None:
     """Collective over the world, before any generator is made: the backend's own process groups
     (vLLM's), on every rank."""
     if backend != "meshrl":
-        from .vllm_engine import join_groups
+        from .vllm_engine import join_groups  # optional: vLLM is an extra ('.[vllm]')
 
         join_groups()
 

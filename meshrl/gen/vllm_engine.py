@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
@@ -72,9 +73,9 @@ def join_groups() -> None:
     trainers) only hold them."""
     for k, v in ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
-    import torch.distributed as dist
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.config import VllmConfig, set_current_vllm_config  # optional extra; after its env defaults
+    from vllm.distributed.parallel_state import (  # optional extra; after its env defaults
+        ensure_model_parallel_initialized, init_distributed_environment)
 
     rank = dist.get_rank()
     init_distributed_environment(world_size=dist.get_world_size(), rank=rank, local_rank=rank,
@@ -90,7 +91,7 @@ class VllmGenerator:
                  bucket_bytes: int = BUCKET_BYTES) -> None:
         for k, v in ENV_DEFAULTS.items():
             os.environ.setdefault(k, v)
-        from vllm import LLM
+        from vllm import LLM  # optional extra; after its env defaults
 
         # Each reload re-places the rotary cos/sin cache (no checkpoint weights: nothing to load) and
         # warns "RotaryEmbedding: Failed to load weights" once per sync; that cache is unchanged.
@@ -105,9 +106,11 @@ class VllmGenerator:
         self.cuda = torch.cuda.is_available() and torch.distributed.is_initialized() \
             and torch.distributed.get_backend() == "nccl"
         extra = {"enable_sleep_mode": True, "gpu_memory_utilization": 0.3} if self.cuda else {}
+        threads = torch.get_num_threads()
         self.llm = LLM(model=str(self._dir), skip_tokenizer_init=True, load_format="dummy",
                        dtype=hf["dtype"], distributed_executor_backend="uni", enforce_eager=True,
                        seed=seed, max_model_len=max_len, disable_log_stats=True, **extra)
+        torch.set_num_threads(threads)  # vLLM lowers the process's torch threads "for serving": the rank's own
         self._asleep = False
         if self.cuda:
             self.llm.sleep(level=1)
@@ -133,7 +136,7 @@ class VllmGenerator:
         return counted[0]
 
     def _params(self, g: GenerationConfig, seed: int | None):
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional extra
 
         stop = [g.eos_token_id] if g.eos_token_id is not None else None
         if g.greedy:

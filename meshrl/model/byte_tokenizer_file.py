@@ -36,7 +36,8 @@ def byte_chars() -> list[str]:
 
 def byte_tokenizer_json() -> str:
     """The tokenizer.json text for ByteTokenizer (vocab 264)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import (  # only to write a tokenizer.json
+        AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors)
 
     vocab = {ch: b for b, ch in enumerate(byte_chars())}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))

@@ -18,24 +18,18 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from ..errors import UserError
-from .config import ARCHITECTURES, ModelConfig, param_shapes
+from .config import ModelConfig, param_shapes
+from .hf_config import config_from_hf
+from .hf_save import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, WEIGHTS_NAME, save_pretrained  # noqa: F401 (the API)
 from .presets import get_preset
 from .transformer import CausalLM, ValueModel
 
-WEIGHTS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
-DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # transformers' long-standing "5GB" default
 INIT_STD = 0.02  # HF's initializer_range default for the LLaMA family
 
 # Older LLaMA conversions stored rotary buffers; they are derived from the config, so skip them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 # ---- config ---------------------------------------------------------------------------------------
@@ -56,7 +50,7 @@ def read_config(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
     if not isinstance(raw, dict):
         raise UserError(f"{cfg_file}: expected a JSON object, got {type(raw).__name__}")
     try:
-        return ModelConfig.from_hf_dict(raw), raw
+        return config_from_hf(raw), raw
     except UserError as e:
         raise UserError(f"{cfg_file}: {e}") from None
     except (TypeError, ValueError) as e:
@@ -204,69 +198,3 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         state["score.weight"] = init_tensor("score.weight", expected["score.weight"], gen).to(dtype)
     state = {k: v.to(device) for k, v in state.items()}
     return _assign(_build_meta(cfg, value_head), state)
-
-
-# ---- saving -------------------------------------------------------------------------------------------
-def _state_to_save(model: CausalLM | ValueModel) -> dict[str, torch.Tensor]:
-    """Contiguous CPU tensors with HF names; tied lm_head omitted as HF does (safetensors refuses
-    two names for one storage)."""
-    state = {}
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and model.config.tie_word_embeddings:
-            continue
-        state[name] = t.detach().to("cpu").contiguous()
-    return state
-
-
-def _hf_config(model: CausalLM | ValueModel) -> dict:
-    d = model.config.to_hf_dict()
-    d["torch_dtype"] = _dtype_name(next(model.parameters()).dtype)
-    d["dtype"] = d["torch_dtype"]
-    if isinstance(model, ValueModel):
-        # Same layout as HF's *ForTokenClassification with one label (whose bias we do not use).
-        d["architectures"] = [ARCHITECTURES[model.config.model_type].replace("ForCausalLM",
-                                                                             "ForTokenClassification")]
-        d["num_labels"] = 1
-    return d
-
-
-def _save_file(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
-    """safetensors' save_file, with the permissions of any other file the user writes: it creates
-    its file with mode 0600 whatever the umask, which hides a shared checkpoint from other users."""
-    save_file(tensors, str(path), metadata=meta)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-def save_pretrained(model: CausalLM | ValueModel, path: str | os.PathLike,
-                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
-    """Write ``config.json`` and ``model.safetensors``, or shards plus an index when the weights
-    exceed ``max_shard_bytes`` (shard file names follow HF: model-00001-of-00003.safetensors)."""
-    root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    state = _state_to_save(model)
-    (root / "config.json").write_text(json.dumps(_hf_config(model), indent=2) + "\n")
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in state.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
-    meta = {"format": "pt"}
-    for stale in [root / WEIGHTS_NAME, root / INDEX_NAME, *root.glob("model-*-of-*.safetensors")]:
-        stale.unlink(missing_ok=True)  # never leave a mix of old and new weights behind
-    if len(shards) == 1:
-        _save_file(shards[0], root / WEIGHTS_NAME, meta)
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        _save_file(shard, root / fname, meta)
-        weight_map.update({name: fname for name in shard})
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (root / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")

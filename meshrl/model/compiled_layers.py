@@ -37,7 +37,7 @@ RECOMPILE_LIMIT = 64  # graphs per compiled function: (batch buckets) x (cache b
 def allow_recompiles() -> None:
     """Raise dynamo's graphs-per-function limit (8) to RECOMPILE_LIMIT, process-wide (dynamo has no
     per-function limit): the compiled decode step and compiled layers need more shapes than 8."""
-    import torch._dynamo
+    import torch._dynamo  # only when compiling (slow to import)
 
     cfg = torch._dynamo.config
     cfg.cache_size_limit = max(cfg.cache_size_limit, RECOMPILE_LIMIT)

@@ -162,17 +162,6 @@ class ModelConfig:
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
 
-    # ---- HF config.json (hf_config.py) -----------------------------------------------------
-    @classmethod
-    def from_hf_dict(cls, d: dict) -> "ModelConfig":
-        """Build from a Hugging Face ``config.json`` dict; unknown architectures raise ConfigError."""
-        from .hf_config import config_from_hf
-        return config_from_hf(d)
-
-    def to_hf_dict(self) -> dict:
-        from .hf_config import config_to_hf
-        return config_to_hf(self)
-
 
 def layer_param_shapes(cfg: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Layer ``i``'s parameter names (HF, prefix ``model.layers.i.``) -> shape, in module order."""

@@ -34,6 +34,7 @@ from ..errors import UserError
 from .compiled_layers import allow_recompiles, prefill_layer
 from .sampling import filter_logits, row_keys, sample_tokens
 from .batch_layout import KVCache
+from . import worst_case
 from .transformer import CausalLM
 from .numerics import wide
 
@@ -121,7 +122,7 @@ def fuse_projections(weight: torch.Tensor) -> bool:
     q, k, v 66 -> 29 us, gate and up 101 -> 69 us; docs/model.md). Not in float32 (no gain measured,
     and the same blocking as an unfused forward keeps tokens equal to it), nor on a GPU (the copy
     would hold a second set of weights in device memory)."""
-    return weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
+    return worst_case.device_type(weight) == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
 
 
 def fused_weights(layer) -> tuple[tuple[torch.Tensor, torch.Tensor | None] | None, torch.Tensor | None]:
@@ -306,13 +307,13 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
     tok, lp = pick(prefill(ids, prompt_mask), rows, steps[0])
     out_lp = out_lp.to(lp.dtype)  # float32, or float64 for a float64 model
     record = _Record(out_tok, out_lp, out_alive, cfg.pad_token_id)
-    for step in range(n):
+    for step in worst_case.decode_steps(n):
         record.add(tok, lp, alive)
         if cfg.eos_token_id is not None:
             alive = alive & (tok != cfg.eos_token_id)
         if step + 1 == n:
             break
-        if cfg.eos_token_id is not None and (step + 1) % every == 0:
+        if cfg.eos_token_id is not None and (step + 1) % every == 0 and not worst_case.active():
             live = int(alive.sum())  # the host check
             if live == 0:
                 break
@@ -327,7 +328,8 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
             logits = decode(tok, mask, slots[step]) if static else decode(tok, mask[:, :p + step + 1], p + step)
             tok, lp = pick(logits, rows, steps[step + 1])
     record.flush(rows)
-    width = max(int(out_alive.sum(1).max()), 1)  # as if the loop had stopped when the last row ended
+    # as if the loop had stopped when the last row ended (the worst case: the whole budget)
+    width = n if worst_case.active() else max(int(out_alive.sum(1).max()), 1)
     return GenerationOutput(out_tok[:, :width].clone(), out_lp[:, :width].clone(), out_alive[:, :width].clone())
 
 

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import UserError
+from .byte_tokenizer_file import write_byte_tokenizer
 
 # What a checkpoint directory holds of its tokenizer (HFTokenizer.save_pretrained copies them).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -41,7 +42,6 @@ class ByteTokenizer:
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Write this tokenizer as a Hugging Face fast tokenizer (transformers.AutoTokenizer loads
         it, with the same ids), marked so that load_tokenizer reads it back as a ByteTokenizer."""
-        from .byte_tokenizer_file import write_byte_tokenizer
 
         write_byte_tokenizer(Path(path), {BYTE_TOKENIZER_KEY: BYTE_TOKENIZER_CLASS})
 
@@ -68,7 +68,7 @@ class HFTokenizer:
     tokenizer_config.json, then special_tokens_map.json, then config.json's ``*_token_id``."""
 
     def __init__(self, path: str | os.PathLike) -> None:
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # only for a tokenizer.json checkpoint
 
         root = Path(path)
         self.root = root

@@ -22,8 +22,10 @@ from torch import nn
 
 from .batch_layout import KVCache, Unpad, build_mask, last_position, positions_from_mask, right_padded
 from .config import ModelConfig
+from .hf_save import DEFAULT_MAX_SHARD_BYTES, save_pretrained
 from .moe import SparseMoE
 from .rope import rope_cos_sin
+from . import worst_case
 from .numerics import wide
 
 
@@ -110,7 +112,7 @@ class Attention(nn.Module):
             out = out.reshape(b, 1, -1)
         else:
             dtype = q.dtype
-            if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+            if worst_case.device_type(q) == "cpu" and dtype in (torch.bfloat16, torch.float16):
                 # CPU flash attention's low-precision backward is ~7x its float32 one (b 32, 8 heads,
                 # 48 tokens: 18.2 against 2.7 ms with this cast, forward included; docs/model.md).
                 q, k, v = q.float(), k.float(), v.float()
@@ -280,7 +282,6 @@ class CausalLM(nn.Module):
 
     def save_pretrained(self, path: str, max_shard_bytes: int | None = None) -> None:
         """Write an HF checkpoint directory (config.json + safetensors); see checkpoint.py."""
-        from .checkpoint import DEFAULT_MAX_SHARD_BYTES, save_pretrained
         save_pretrained(self, path, max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
 
 
@@ -298,5 +299,4 @@ class ValueModel(nn.Module):
 
     def save_pretrained(self, path: str, max_shard_bytes: int | None = None) -> None:
         """Write an HF checkpoint directory (config.json + safetensors); see checkpoint.py."""
-        from .checkpoint import DEFAULT_MAX_SHARD_BYTES, save_pretrained
         save_pretrained(self, path, max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)

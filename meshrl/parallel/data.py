@@ -128,7 +128,7 @@ class ZeroAdamW:
         # torch's fused kernel: on a GPU one launch per step for all chunks (launches dominate
         # there); on a CPU measured 0.20x (fp32) and 0.58x (bf16 weights) the per-tensor loop's
         # time, with foreach no faster than the loop (1.06x, 1.35x), and the same weights after 30
-        # steps (bench/adamw_impl.py, tiny preset). meshrl/runtime/profile_layers.py times this very
+        # steps (bench/adamw_impl.py, tiny preset). meshrl/profile/layers.py times this very
         # class, so a CPU profile prices what runs.
         self.impl = cfg.impl or "fused"
         if self.impl not in IMPLS:

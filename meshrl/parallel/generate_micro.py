@@ -37,6 +37,7 @@ import torch
 from ..model.generation import (GenerationConfig, GenerationOutput, compact_caches, compaction_keep,
                                 loop_buffers, pick_token)
 from .pipeline import Pipe
+from ..model import worst_case
 
 # pass_fn(x [b, s], mask, caches, start) -> float32 logits [b, V] of the last position on the last
 # stage, None elsewhere (it receives and sends the hidden states of the pass)
@@ -103,7 +104,7 @@ def micro_decode(pipe: Pipe, prefill: PassFn, decode: PassFn, make_caches: Calla
         mb.tok = tok
         if step + 1 == n:
             mb.done = True
-        elif cfg.eos_token_id is not None and (step + 1) % every == 0:
+        elif cfg.eos_token_id is not None and (step + 1) % every == 0 and not worst_case.active():
             live = int(mb.alive.sum())  # the host check
             if live == 0:
                 mb.done = True
@@ -116,7 +117,7 @@ def micro_decode(pipe: Pipe, prefill: PassFn, decode: PassFn, make_caches: Calla
         mb.logits = prefill(mb.ids, mb.mask[:, :p], mb.caches, 0)
         if pipe.last:
             pick(mb, 0)
-    for step in range(1, n):
+    for step in worst_case.decode_steps(n, 1):
         for mb in mbs:
             if mb.done:
                 continue
@@ -135,5 +136,6 @@ def micro_decode(pipe: Pipe, prefill: PassFn, decode: PassFn, make_caches: Calla
         if not mb.done:
             pick(mb, n - 1)
     pipe.wait_sends()
-    width = max(int(out_alive.sum(1).max()), 1)  # as decode_loop: up to the last row's end
+    # as decode_loop: up to the last row's end (the worst case: the whole budget)
+    width = n if worst_case.active() else max(int(out_alive.sum(1).max()), 1)
     return GenerationOutput(out_tok[:, :width].clone(), out_lp[:, :width].clone(), out_alive[:, :width].clone())

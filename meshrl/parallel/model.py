@@ -34,6 +34,7 @@ from .groups import GroupCache, RankGroups
 from .pipeline import Pipe, infer, train_1f1b
 from .stage import SliceLoader, Stage, loader_from_state
 from .tensor import vocab_parallel_logprobs
+from ..model.compiled_layers import compile_layers as compile_
 
 
 class ParallelModel:
@@ -51,7 +52,6 @@ class ParallelModel:
         self.groups = groups
         self.stage = Stage(self.sm, self.groups, load, comm.compute_device())
         if compile_layers and placement.layout.tp == 1:  # tp's all-reduces stay out of compiled code
-            from ..model.compiled_layers import compile_layers as compile_
             compile_(self.stage.model.layers)
         if activation_checkpointing:  # after compiling: the recomputed forward is the compiled one
             self.stage.checkpoint_activations()

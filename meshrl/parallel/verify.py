@@ -27,6 +27,13 @@ from ..model.config import ModelConfig, param_shapes
 from .data import AdamWConfig
 from .groups import GroupCache
 from ..layout.mesh import Placement
+from ..model.generation import generate, sequence_logprobs
+from ..model.heads import HeadOutputs
+from .model import ParallelModel
+from ..model.presets import get_preset
+from ..model.checkpoint import read_config
+from ..model.checkpoint import build_model, load_pretrained
+from ..model.generation import GenerationConfig
 
 TOLERANCE = 1e-5  # float32; differences come only from the order of the tp/dp/micro-batch sums
 
@@ -57,15 +64,12 @@ class Probe:
         if isinstance(self.model, ModelConfig):
             return self.model
         if os.path.isdir(self.model):
-            from ..model.checkpoint import read_config
             return read_config(self.model)[0]
-        from ..model.presets import get_preset
         return get_preset(self.model)
 
     def build(self) -> torch.nn.Module:
         """The model: loaded from the directory, or a random one whose biases and norm weights are
         perturbed too (HF's init makes them 0 and 1, which would hide a wrongly sliced bias)."""
-        from ..model.checkpoint import build_model, load_pretrained
         if isinstance(self.model, str) and os.path.isdir(self.model):
             return load_pretrained(self.model, value_head=self.value_head)
         model = build_model(self.config(), seed=self.seed, value_head=self.value_head)
@@ -93,7 +97,6 @@ class Probe:
         return {"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}
 
     def gen_config(self, greedy: bool):
-        from ..model.generation import GenerationConfig
         return GenerationConfig(max_new_tokens=self.gen_tokens, greedy=greedy, temperature=1.0, top_k=50,
                                 top_p=0.95, pad_token_id=0)
 
@@ -123,8 +126,6 @@ def oracle(probe: Probe) -> dict:
     key = ("oracle", probe)
     if key in _PROCESS:
         return _PROCESS[key]
-    from ..model.generation import generate, sequence_logprobs
-    from ..model.heads import HeadOutputs
 
     model, batch = probe.build(), probe.batch()
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -201,8 +202,6 @@ def run_layout(probe: Probe, placement_text: str, micro_batches: int = 2) -> dic
 
 
 def _run_one(probe: Probe, placement: Placement, cache: GroupCache, micro_batches: int) -> dict:
-    from .model import ParallelModel
-
     ref, cfg, batch = oracle(probe), probe.config(), probe.batch()
     model = probe.build()
     initial = model.state_dict()

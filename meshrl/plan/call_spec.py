@@ -3,6 +3,8 @@ spans, and an estimate of time and memory. Kept apart from the cost formulas (es
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field, replace
 
 from ..layout.mesh import Layout, Mesh
@@ -38,9 +40,23 @@ class RunShape:
     turn_len: int | None = None
     turn_len_mean: float | None = None
     obs_len: float = 0.0
+    # RL actor train calls first recompute the batch's log-probs (one forward, no grad: the rollout
+    # mismatch and, under vLLM, PPO's old log-probs; meshrl/algo/mismatch.py); an engine with its
+    # own weights (gen.backend=vllm) loads them before generating and keeps a second copy
+    recompute_actor: bool = False
+    engine_copy: bool = False
 
     @classmethod
     def from_config(cls, cfg) -> "RunShape":
+        shape = cls._sizes(cfg)
+        vllm = getattr(getattr(cfg, "gen", None), "backend", "meshrl") == "vllm"
+        # vLLM: paged and compacting; the recompute is priced where it replaces the old log-probs
+        # (vLLM); under meshrl's engine it only measures the mismatch and is left out of the price
+        rl = getattr(cfg, "algo", "") in ("ppo", "grpo", "remax", "rloo")
+        return dataclasses.replace(shape, recompute_actor=rl and vllm, engine_copy=vllm, compact=shape.compact or vllm)
+
+    @classmethod
+    def _sizes(cls, cfg) -> "RunShape":
         ppo, d = getattr(cfg, "ppo", None), cfg.data
         env = getattr(cfg, "env", None)
         if env is None or not env.fn:

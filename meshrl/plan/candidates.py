@@ -8,6 +8,7 @@ from dataclasses import replace
 from ..layout.mesh import Layout, Mesh
 from .execution_plan import CallPlan, ExecutionPlan
 from .problem import Problem
+from .estimator import max_micro_batches
 
 
 def aligned_meshes(n_devices: int, devices_per_node: int) -> list[Mesh]:
@@ -50,7 +51,6 @@ def call_layouts(problem: Problem, name: str, size: int) -> list[Layout]:
 
 def micro_batch_options(problem: Problem, name: str, layout: Layout, limit: int = 64) -> list[int]:
     """1, 2, 4, ... up to the sequences per DP rank (and at most ``limit``)."""
-    from .estimator import max_micro_batches
 
     top = min(max_micro_batches(problem.specs[name], problem.shape, layout), limit)
     out, m = [], 1

@@ -326,8 +326,14 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     fp32_grads = 4 * n_local / c.lay.dp if c.hw.dtype_bytes != 4 else 0.0
     gather = (1 + c.lay.dp) * min(grad_bytes / c.lay.dp, DP_BUCKET_BYTES) if c.lay.dp > 1 else 0.0
     transient = grad_bytes + max(act + logits, fp32_grads, gather)
-    return Estimate((t_mb + dp + opt) * steps, flops, c.stage_param_bytes, state, transient, acc,
-                    active=_busy_share(c, m))
+    total = (t_mb + dp + opt) * steps
+    if shape.recompute_actor and spec.role == "actor" and not spec.value_head:
+        # the rollout-mismatch recompute (algo/mismatch.py): one forward over the replica's whole batch,
+        # in the train call's micro-batch count (as algo/calls.py actor_train runs it)
+        re = _inference(c, spec, shape, min(m, max_micro_batches(replace(spec, kind="inference"), shape, c.lay))).time_s
+        acc["recompute"] = re
+        total += re
+    return Estimate(total, flops, c.stage_param_bytes, state, transient, acc, active=_busy_share(c, m))
 
 
 def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches: int, hw: Hardware,
@@ -337,6 +343,12 @@ def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches
     c = _Ctx(model_costs(spec.model, spec.value_head), hw, layout, links)
     run = {"generate": _generate_turns, "inference": _inference}.get(spec.kind, _train)
     est = run(c, spec, shape, micro_batches)
+    if spec.kind == "generate" and shape.engine_copy:
+        # the engine's weight load (gen.backend=vllm): the rank's slices read and written once, at
+        # memory bandwidth, into a second copy that the engine keeps (meshrl/gen/vllm_engine.py)
+        sync = 2 * c.stage_param_bytes / hw.hbm_bw
+        est = replace(est, time_s=est.time_s + sync, weights_bytes=est.weights_bytes + c.stage_param_bytes,
+                      breakdown={**est.breakdown, "weight_sync": sync})
     if not hw.call_host_s:
         return est
     return replace(est, time_s=est.time_s + hw.call_host_s, breakdown={**est.breakdown, "host": hw.call_host_s})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 
-from .hardware import profile_path
+from .hardware_profile import profile_path
 
 STAND_IN_DEVICE = "a100-80g"
 

@@ -17,12 +17,16 @@ from ..algo.graph import Graph
 from ..cores import rank_threads
 from ..errors import UserError
 from ..model.config import ModelConfig
+from ..model.hf_config import config_from_hf
 from ..layout.mesh import Layout, LayoutError, Mesh, Placement
 from ..layout.realloc_plan import link_bytes
 from ..layout.shardmap import check_shardable
 from .estimator import CallSpec, Estimate, RunShape, estimate_call, mesh_links
 from .execution_plan import CallPlan, Cluster, ExecutionPlan
 from .hardware import Hardware
+from ..model.presets import get_preset
+from ..algo.graph import graph_of
+from .hardware_profile import get_hardware
 
 VALUE_HEAD_ROLES = ("critic", "reward")
 TOKEN_BYTES = 4  # int32 token ids and fp32 per-token values between calls
@@ -169,6 +173,15 @@ class Problem:
         """Per call: (peak bytes, rank) on its busiest rank while it runs: the resident weights and
         optimizer state of every role whose home is on that rank, plus the call's own transient need
         (and its temporary copy). What ``--validate`` compares with the measured peak."""
+        out = {}
+        for name, per_rank in self.rank_call_memory(plan).items():
+            r = max(per_rank, key=per_rank.get)  # the first of the busiest, in mesh order
+            out[name] = (per_rank[r], r)
+        return out
+
+    def rank_call_memory(self, plan: ExecutionPlan) -> dict[str, dict[int, float]]:
+        """Per call and rank of its mesh: the predicted peak bytes while the call runs (as
+        ``call_memory``, on every rank; what ``--dry-run`` compares rank by rank)."""
         homes = {role: self.home(plan, role) for role in self.graph.roles()}
         resident = [0.0] * self.cluster.size
         for role, h in homes.items():
@@ -183,8 +196,7 @@ class Problem:
             home = plan.calls.get(homes[self.specs[name].role])
             if home is not None and name != homes[self.specs[name].role] and cp.placement != home.placement:
                 extra += est.weights_bytes
-            r = max(cp.mesh.ranks, key=lambda x: resident[x])
-            out[name] = (resident[r] + extra, r)
+            out[name] = {r: resident[r] + extra for r in cp.mesh.ranks}
         return out
 
     def feasible(self, plan: ExecutionPlan) -> bool:
@@ -196,14 +208,13 @@ class Problem:
 
 def model_for(spec, role: str) -> ModelConfig:
     """A role's ModelConfig from its config entry: a preset name or a Hugging Face directory."""
-    from ..model.presets import get_preset
 
     if spec.path:
         p = Path(spec.path) / "config.json"
         if not p.is_file():
             raise UserError(f"models.{role}.path: {p} does not exist")
         try:
-            return ModelConfig.from_hf_dict(json.loads(p.read_text()))
+            return config_from_hf(json.loads(p.read_text()))
         except json.JSONDecodeError as e:
             raise UserError(f"models.{role}.path: {p} is not valid JSON ({e})") from None
     if not spec.preset:
@@ -214,8 +225,6 @@ def model_for(spec, role: str) -> ModelConfig:
 def problem_from_config(cfg, profile: str | None = None, off_policy: int | None = None) -> Problem:
     """The planning problem of a run config (meshrl.config.Config). ``off_policy``: 1 lets generation
     run one iteration ahead (one step off-policy); default: the config's ``train.off_policy``."""
-    from ..algo.graph import graph_of
-    from .hardware import get_hardware
 
     graph = graph_of(cfg)
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}

@@ -21,6 +21,8 @@ from .execution_plan import CallPlan, ExecutionPlan
 from .problem import Problem
 from .simulator import iteration_time
 from .strategies import BUILDERS
+from .model_costs import model_costs
+import itertools
 
 INFEASIBLE = float("inf")
 
@@ -104,7 +106,6 @@ def _all_candidates(problem: Problem) -> dict[str, list[CallPlan]]:
     empty = [n for n, c in cands.items() if not c]
     if empty:
         spec = problem.specs[empty[0]]
-        from .model_costs import model_costs
 
         params = model_costs(spec.model, spec.value_head).total_params
         raise UserError(f"models.{spec.role} ({params / 1e9:.2f}B parameters) fits nowhere: its calls {empty} "
@@ -251,7 +252,6 @@ def search(problem: Problem, steps: int = DEFAULT_STEPS, seed: int = 0, time_lim
 
 def _enumerate(problem: Problem, cands: dict[str, list[CallPlan]], budget: Budget) -> SearchResult:
     """The best of every combination of candidates (the space has at most budget.steps plans)."""
-    import itertools
 
     names = list(cands)
     best, best_cost = None, INFEASIBLE

@@ -82,10 +82,10 @@ class Timeline:
 
     def save_gantt(self, path: str, max_devices: int = 64) -> None:
         """A Gantt chart (PNG): one row per device, one colour per call or step kind."""
-        import matplotlib
+        import matplotlib  # only to draw (slow; the planner stays light)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # only to draw (slow; the planner stays light)
 
         names = sorted({_label(e) for e in self.events if e.kind != "end"})
         cmap = plt.get_cmap("tab20")

@@ -1,7 +1,7 @@
 """A CPU profile's one-thread figures, scaled to the torch threads a rank of the run gets.
 
 ``meshrl profile`` times compute on one thread and measures separately how much faster a rank
-computes with t threads (meshrl/runtime/profile_threads.py: per width, forward, forward + backward
+computes with t threads (meshrl/profile/threads.py: per width, forward, forward + backward
 and a decoding step, t = 2, 4, ... and the core count). A rank gets ``train.threads`` threads, by
 default the usable cores split between the machine's ranks (meshrl/cores.py), so one rank alone on
 a 2-core machine runs 2 and each of two ranks runs 1. Here:

@@ -18,6 +18,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from ..config import Config
 from .execution_plan import ExecutionPlan
 from .problem import Problem
 from .simulator import build_events, schedule, sharing
@@ -42,6 +43,13 @@ class Row:
         if not self.measured or not math.isfinite(self.measured):
             return math.nan
         return (self.predicted - self.measured) / self.measured
+
+
+def rule_calls(cfg: Config, plan: ExecutionPlan) -> tuple[str, ...]:
+    """Calls that run no model here: the reward call when the reward is a rule (no models.reward.path)."""
+    if cfg.models.reward.path is not None or cfg.algo == "rm":
+        return ()
+    return tuple(n for n in plan.calls if n.startswith("reward"))
 
 
 def steady_iteration_s(problem: Problem, plan: ExecutionPlan, iterations: int = ITERS) -> float:

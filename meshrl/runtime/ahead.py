@@ -11,6 +11,9 @@ from pathlib import Path
 from ..plan.steps import generated_ahead
 from .checkpoint import save_checkpoint
 from .engine import Engine, RankLog
+import dataclasses
+from ..algo.batch import Batch
+from ..algo.registry import tensor_keys
 
 
 def save_after(engine: Engine, out: str | Path, t: int, timeout_s: float,
@@ -26,7 +29,6 @@ def save_after(engine: Engine, out: str | Path, t: int, timeout_s: float,
 def ahead_state(engine: Engine, t: int) -> dict:
     """What iteration t's generation, run ahead of time (async), left on this rank: the output rows
     of every call of t it holds ({call: {"data", "index"}}) and the rank's log of t so far."""
-    import dataclasses
 
     held = {name: {"data": b.data, "index": b.index} for (name, it), b in engine.held.items() if it == t}
     log = engine.logs.get(t)
@@ -39,8 +41,6 @@ def restore_ahead(engine: Engine, early: dict, t: int) -> None:
     with; under another plan or world, every saved rank's state, resharded here: each call's
     output rows are merged (they carry their row index) and the holder of each dp replica under
     this plan takes its replica's rows, split as the call itself splits its input batch."""
-    from ..algo.batch import Batch
-    from ..algo.registry import tensor_keys
 
     if early["same"]:
         state = early["states"][0]

@@ -46,6 +46,7 @@ from ..errors import UserError
 from ..parallel import comm
 from .roles import RoleModels
 from .shards import Piece, optimizer_step, role_pieces, set_optimizer_step
+from .export import export_sharded
 
 PREFIX = "ckpt-"
 FORMAT = "meshrl-sharded/1"
@@ -234,7 +235,6 @@ def export_trained(roles: dict[str, RoleModels], algo: str, out: str | Path, tok
     checkpoint at OUT/reward for algo=rm, else OUT/actor (as the single-process trainer does),
     written shard by shard by the ranks holding it (runtime/export.py); returns the path on the
     mesh's first rank (None on the others)."""
-    from .export import export_sharded
 
     name = "reward" if algo == "rm" else "actor"
     rm = roles.get(name)

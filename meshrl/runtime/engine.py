@@ -26,7 +26,8 @@ import torch.distributed as dist
 from ..algo import setup
 from ..algo.batch import Batch
 from ..algo.common import CallContext
-from ..algo.calls import Place, implementation, row_wise
+from ..algo.calls import Place, row_wise
+from ..algo.dispatch import implementation
 from ..algo.demo_evals import Evaluation, evaluations
 from ..algo.graph import Graph, graph_of
 from ..algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics

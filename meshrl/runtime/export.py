@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..model.checkpoint import INDEX_NAME, WEIGHTS_NAME, _hf_config, _save_file
+from ..model.hf_save import INDEX_NAME, WEIGHTS_NAME, hf_config_dict, save_safetensors
 from ..model.transformer import CausalLM, ValueModel
 from ..parallel import comm
 from ..parallel.model import ParallelModel, gather_tensors
@@ -55,11 +55,11 @@ def export_sharded(pm: ParallelModel, path: str | Path, tok=None, timeout_s: flo
     if g.mp.group is not None:  # the directory exists before anyone writes into it
         comm.barrier(comm.control(g.mp.group), timeout)
     if me == writer:
-        _save_file(out, path / _file(stage, pp), {"format": "pt"})
+        save_safetensors(out, path / _file(stage, pp), {"format": "pt"})
     if first:
         with torch.device("meta"):
             meta = (ValueModel if pm.value_head else CausalLM)(pm.cfg).to(pm.dtype)
-        (path / "config.json").write_text(json.dumps(_hf_config(meta), indent=2) + "\n")
+        (path / "config.json").write_text(json.dumps(hf_config_dict(meta), indent=2) + "\n")
         if pp > 1:
             size = sum(torch.Size(sm.shapes[n]).numel() for n in where) * torch.empty((), dtype=pm.dtype).element_size()
             index = {"metadata": {"total_size": size}, "weight_map": {n: _file(s, pp) for n, s in where.items()}}

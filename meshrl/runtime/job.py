@@ -19,13 +19,21 @@ from ..config import Config
 from ..errors import UserError
 from ..plan.execution_plan import ExecutionPlan
 from .plans import plan_table
+from ..cores import rank_threads
+from .checkpoint import check_format, latest_checkpoint
+from .plans import resolve_plan
+from .launch import RankError, RankPool, failure_report
+from .run import rank_main
+import datetime
+import torch
+import torch.distributed as dist
+from ..parallel import comm
 
 JOB_DEADLINE_S = 7 * 24 * 3600.0  # the pool's wait for the whole run; hangs are bounded by timeout_s
 
 
 def threads_per_rank(cfg: Config, local_ranks: int) -> tuple[int, str]:
     """(torch threads each rank gets, why): ``train.threads``, or auto (meshrl/cores.py)."""
-    from ..cores import rank_threads
 
     return rank_threads(cfg.train.threads, local_ranks)
 
@@ -39,24 +47,11 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def _failure(status_dir: Path, err: Exception) -> str:
-    """The pool's error plus what every rank was doing when the job ended."""
-    lines = [str(err).splitlines()[0] if str(err) else type(err).__name__]
-    for f in sorted(status_dir.glob("rank*"), key=lambda p: int(p.name[4:])):
-        text = f.read_text().strip()
-        lines.append(f"  {f.name}: {text.splitlines()[0] if text else '(no step yet)'}")
-        if text.startswith("failed"):
-            lines.append("    " + text.splitlines()[-1])
-    return "\n".join(lines)
-
-
 def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, quiet: bool
             ) -> tuple[ExecutionPlan, int]:
     """The plan the ranks run and the first iteration (after the newest checkpoint with ``resume``);
     writes OUT/plan.json and prints the plan table. Runs once per job: in the launching process,
     or on rank 0 under torchrun once the process group exists (its result is broadcast)."""
-    from .checkpoint import check_format, latest_checkpoint
-    from .plans import resolve_plan
 
     start = 0
     ck = latest_checkpoint(out) if resume else None
@@ -106,8 +101,6 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
     status.mkdir()
     if nprocs == 1:
         return in_process(cfg, plan, str(out), start, timeout_s, status, quiet, progress)
-    from .launch import RankError, RankPool
-    from .run import rank_main
 
     try:
         threads = threads_per_rank(cfg, nprocs)[0]  # set in each rank before it imports torch
@@ -115,19 +108,13 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
             return pool.run(rank_main, cfg, plan, str(out), start, timeout_s, str(status), quiet,
                             cfg.train.save_every, progress, timeout=JOB_DEADLINE_S)[0]
     except RankError as e:
-        raise RuntimeError(_failure(status, e)) from None
+        raise RuntimeError(failure_report(status, e)) from None
 
 
 def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0, timeout_s: float = 300.0,
                status: Path | None = None, quiet: bool = True, progress: bool = False) -> list[dict] | None:
     """One rank, here: a world of one (gloo on CPU, NCCL on a GPU) over an in-memory store, so a
     one-device run is the same runtime as any other, without a process to spawn."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    from .run import rank_main
 
     if dist.is_initialized():
         raise UserError("meshrl train: torch.distributed is already initialised in this process; "
@@ -155,19 +142,12 @@ def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout
     the plan (a strategy, or a search whose result may depend on its time budget) and checks the
     checkpoint, and broadcasts both: every rank runs what rank 0 chose. A UserError on rank 0
     reaches every rank as the same UserError."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    from .run import rank_main
 
     torch.set_num_threads(threads_per_rank(cfg, local_ranks(1))[0])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
-    from ..parallel import comm
 
     comm.setup(datetime.timedelta(seconds=timeout_s))
     try:

@@ -20,10 +20,15 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
-from ..gen import close_all
+from ..cores import quiet_waits, rank_threads
 from ..errors import UserError
+from ..host_memory import freed_memory_env, keep_freed_memory
+import threading
+from multiprocessing.reduction import ForkingPickler
+import pickle
 
 
 class RankError(RuntimeError):
@@ -46,15 +51,11 @@ def _exit_with_parent(parent: int) -> None:
 
 def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: float,
             tasks: "mp.Queue", results: "mp.Queue", env: dict[str, str]) -> None:
-    import threading
-
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     os.environ.update(env)
-    from ..host_memory import keep_freed_memory
-
     keep_freed_memory()  # glibc read MALLOC_* at the start, before os.environ had them
-    import torch
-    import torch.distributed as dist
+    import torch  # in a rank after its environment is set: torch reads OMP_* as it loads
+    import torch.distributed as dist  # in a rank after its environment is set: torch reads OMP_* as it loads
 
     torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     if backend == "nccl":
@@ -65,11 +66,11 @@ def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: f
     except Exception:  # noqa: BLE001 - reported to the parent, which names the rank
         results.put((rank, "error", traceback.format_exc()))
         return
-    from ..parallel import comm
+    from ..gen import close_all  # in a rank after its environment is set: torch reads OMP_* as it loads
+    from ..parallel import comm  # in a rank after its environment is set: torch reads OMP_* as it loads
 
     comm.setup(datetime.timedelta(seconds=coll_timeout))  # the world's control (gloo) group
     results.put((rank, "ready", None))
-    from multiprocessing.reduction import ForkingPickler
 
     while True:
         raw = tasks.get()
@@ -95,7 +96,6 @@ def _pickled(task: _Task) -> bytes:
     here so that a function or argument that cannot be sent fails at once, named (the queue would
     pickle it in a background thread, print the error there, and leave the ranks waiting for
     ever). One pickle per rank: a tensor's shared-memory handle can be received only once."""
-    from multiprocessing.reduction import ForkingPickler
 
     try:
         return bytes(ForkingPickler.dumps(task))
@@ -110,8 +110,6 @@ def _pickled(task: _Task) -> bytes:
 
 
 def _picklable(x: Any) -> bool:
-    import pickle
-
     try:
         pickle.dumps(x)
         return True
@@ -126,7 +124,7 @@ class RankPool:
                  start_timeout: float = 120.0, env: dict[str, str] | None = None) -> None:
         if nprocs < 1:
             raise UserError(f"nprocs must be >= 1, got {nprocs}")
-        import torch
+        import torch  # lazy: spawned ranks import this module before their environment is set
 
         self.nprocs = nprocs
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -140,9 +138,6 @@ class RankPool:
         # made a fresh reallocated copy slower (0.36-0.46 of p2p against 0.74-0.82; docs/realloc.md).
         # Each rank's torch threads: $OMP_NUM_THREADS if set, else the usable cores split between the
         # ranks (meshrl/cores.py); set in the rank's environment before it imports torch.
-        from ..cores import quiet_waits, rank_threads
-        from ..host_memory import freed_memory_env
-
         child_env = {"OMP_NUM_THREADS": str(rank_threads(0, nprocs)[0]), **quiet_waits(dict(os.environ)),
                      **freed_memory_env(),
                      **(env or {})}
@@ -224,3 +219,14 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float = 120.
     """One-shot: start ``nprocs`` ranks, run fn on all, shut down. Returns per-rank results."""
     with RankPool(nprocs, timeout=timeout) as pool:
         return pool.run(fn, *args, **kwargs)
+
+
+def failure_report(status_dir: Path, err: Exception) -> str:
+    """The pool's error plus what every rank was doing when the job ended."""
+    lines = [str(err).splitlines()[0] if str(err) else type(err).__name__]
+    for f in sorted(status_dir.glob("rank*"), key=lambda p: int(p.name[4:])):
+        text = f.read_text().strip()
+        lines.append(f"  {f.name}: {text.splitlines()[0] if text else '(no step yet)'}")
+        if text.startswith("failed"):
+            lines.append("    " + text.splitlines()[-1])
+    return "\n".join(lines)

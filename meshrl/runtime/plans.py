@@ -15,6 +15,11 @@ from ..algo.graph import graph_for, graph_of
 from ..config import Config
 from ..errors import UserError
 from ..plan.execution_plan import Cluster, ExecutionPlan
+from ..plan.fallback import planning_config
+from ..plan.problem import problem_from_config
+from ..plan.search import search
+from ..plan.strategies import build
+from ..model.presets import get_preset
 
 
 def run_cluster(cfg: Config, world: int) -> Cluster:
@@ -28,8 +33,6 @@ def run_cluster(cfg: Config, world: int) -> Cluster:
 def _problem(cfg: Config, cluster: Cluster):
     """The planning problem for this run's ranks, with the planner's one fallback for a CPU without
     a profile (meshrl/plan/fallback.py, as `meshrl plan`)."""
-    from ..plan.fallback import planning_config
-    from ..plan.problem import problem_from_config
 
     pcfg = copy.deepcopy(cfg)
     pcfg.cluster.nodes, pcfg.cluster.devices_per_node = cluster.nodes, cluster.devices_per_node
@@ -55,12 +58,8 @@ def resolve_plan(cfg: Config, spec: str, world: int) -> tuple[ExecutionPlan, str
     else:
         problem, note = _problem(cfg, cluster)
         if spec == "search":
-            from ..plan.search import search
-
             plan = search(problem).plan
         else:
-            from ..plan.strategies import build
-
             plan = build(problem, spec)
         plan = dataclasses.replace(plan, cluster=cluster)
     check_plan(cfg, plan)
@@ -69,7 +68,6 @@ def resolve_plan(cfg: Config, spec: str, world: int) -> tuple[ExecutionPlan, str
 
 def check_plan(cfg: Config, plan: ExecutionPlan) -> None:
     """UserError naming the culprit if the plan does not fit the run's graph, models or batch."""
-    from ..model.presets import get_preset
 
     graph = graph_of(cfg)
     roles = {c.name: c.role for c in graph.calls}
@@ -96,9 +94,8 @@ def check_generation(cfg: Config, plan: ExecutionPlan, graph) -> None:
     """UserError if gen.backend cannot run a generation call of the plan (meshrl/gen/checks.py)."""
     if cfg.gen.backend == "meshrl":
         return
-    from ..gen import check_backend
-    from ..model.checkpoint import read_config
-    from ..model.presets import get_preset
+    from ..gen import check_backend  # lazy: imports torch, which `meshrl plan` never loads
+    from ..model.checkpoint import read_config  # lazy: imports torch, which `meshrl plan` never loads
 
     spec = cfg.models.actor
     model = read_config(spec.path)[0] if spec.path else get_preset(spec.preset or "tiny")

@@ -27,6 +27,10 @@ from ..config import Config
 from ..errors import UserError
 from ..parallel import comm
 from ..plan.execution_plan import ExecutionPlan
+from ..plan.calibrate import refit
+from ..plan.search import search
+from .plans import _problem, check_plan
+from ..plan.validate import rule_calls
 
 
 @dataclass
@@ -71,10 +75,6 @@ def due(cfg: Config, t: int) -> bool:
 def decide(cfg: Config, plan: ExecutionPlan, records: list[dict], after: int) -> Decision:
     """Refit from ``records`` (this plan's iterations; the first is skipped as a warm-up), search
     under the refitted costs and compare. Rank 0 only; pure planning (no process group)."""
-    from ..plan.calibrate import refit
-    from ..plan.search import search
-    from .plans import _problem, check_plan
-    from .validate import rule_calls
 
     if len(records) < 2:
         return Decision(after, 0.0, 0.0, None, f"{len(records)} iteration(s) under this plan; 2 are needed")

@@ -5,6 +5,9 @@ into one uint8 tensor and sent as two messages: its length on the control plane 
 then its bytes on the data plane (on the compute device, so NCCL carries it on a GPU). Sends are
 non-blocking, so a rank that is both a sender and a receiver never waits on itself; every rank
 posts its messages in the global step order, so the pairs match without tags.
+
+In a dry run (fake process group: no bytes move) the part itself goes through the dry run's
+mailbox (``MAILBOX``, meshrl/runtime/fake_world.py) and the receiver makes tensors of its shapes.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import torch.distributed as dist
 
 from ..algo.batch import Batch
 from ..parallel import comm
+
+MAILBOX: list = [None]  # the dry run's Mailbox while one runs (fake_world.py)
 
 
 def _encode(part: Batch) -> torch.Tensor:
@@ -32,6 +37,14 @@ def _decode(raw: torch.Tensor) -> Batch:
     return Batch(obj["data"], obj["index"])
 
 
+def _like(part: Batch) -> Batch:
+    """New tensors of ``part``'s shapes and dtypes on this rank (a dry run's received part)."""
+    dev = comm.compute_device()
+    data = {k: torch.empty(v.shape, dtype=v.dtype, device=dev) for k, v in part.data.items()}
+    index = None if part.index is None else torch.empty(part.index.shape, dtype=part.index.dtype)
+    return Batch(data, index)
+
+
 class Outbox:
     """Pending non-blocking sends of one step; ``wait`` bounds them by the deadline."""
 
@@ -41,6 +54,9 @@ class Outbox:
 
     def send(self, part: Batch, dst: int) -> int:
         """Queue ``part`` for rank ``dst``; returns the bytes sent."""
+        if MAILBOX[0] is not None:
+            MAILBOX[0].post(dist.get_rank(), dst, part)
+            return sum(t.numel() * t.element_size() for t in part.data.values())
         payload = _encode(part).to(comm.compute_device())
         self.works.append(comm.send_count(payload.numel(), dst, comm.control(None)))
         self.works.append((comm.isend(payload, dst), payload))
@@ -54,6 +70,8 @@ class Outbox:
 
 def recv_part(src: int, timeout_s: float) -> Batch:
     """Receive one batch part sent by ``Outbox.send`` on rank ``src``."""
+    if MAILBOX[0] is not None:
+        return _like(MAILBOX[0].take(src, dist.get_rank()))
     timeout = datetime.timedelta(seconds=timeout_s)
     n = comm.recv_count(src, timeout, comm.control(None))
     payload = torch.empty(n, dtype=torch.uint8, device=comm.compute_device())

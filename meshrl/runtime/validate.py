@@ -18,15 +18,11 @@ from pathlib import Path
 from ..config import Config
 from ..errors import UserError
 from ..plan.execution_plan import ExecutionPlan
+from .launch import RankError, RankPool, failure_report
+from .plans import check_plan
+from .run import rank_main
 
 JOB_DEADLINE_S = 3600.0  # the whole validation run; a hung collective ends sooner, at timeout_s
-
-
-def rule_calls(cfg: Config, plan: ExecutionPlan) -> tuple[str, ...]:
-    """Calls that run no model here: the reward call when the reward is a rule (no models.reward.path)."""
-    if cfg.models.reward.path is not None or cfg.algo == "rm":
-        return ()
-    return tuple(n for n in plan.calls if n.startswith("reward"))
 
 
 def run_plan(cfg: Config, plan: ExecutionPlan, iterations: int, max_ranks: int, timeout_s: float = 300.0
@@ -34,11 +30,6 @@ def run_plan(cfg: Config, plan: ExecutionPlan, iterations: int, max_ranks: int, 
     """The metrics records (one per iteration) of ``plan`` run for ``iterations`` iterations on
     ``plan.cluster.size`` local gloo ranks. UserError if that is more than ``max_ranks``;
     RuntimeError naming the rank and the step if a rank fails."""
-    from .job import _failure
-    from .launch import RankError, RankPool
-    from .plans import check_plan
-    from .run import rank_main
-
     world = plan.cluster.size
     if world > max_ranks:
         raise UserError(f"--validate: the plan needs {world} ranks (cluster.nodes x cluster.devices_per_node), "
@@ -56,4 +47,4 @@ def run_plan(cfg: Config, plan: ExecutionPlan, iterations: int, max_ranks: int, 
                 return pool.run(rank_main, cfg, plan, None, start=0, timeout_s=timeout_s, status_dir=tmp,
                                 quiet=True, timeout=JOB_DEADLINE_S)[0]
         except RankError as e:
-            raise RuntimeError(_failure(Path(tmp), e)) from None
+            raise RuntimeError(failure_report(Path(tmp), e)) from None

@@ -5,7 +5,7 @@ import pytest
 from meshrl.algo.graph import graph_for
 from meshrl.algo.registry import FIELDS
 from meshrl.config import ALGOS
-from meshrl.algo.calls import implementation
+from meshrl.algo.dispatch import implementation
 
 
 @pytest.mark.parametrize("algo", ALGOS)

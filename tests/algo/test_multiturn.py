@@ -15,7 +15,7 @@ from meshrl.algo.handles import LocalHandle
 from meshrl.algo.iteration import rollout_batch, rollout_metrics
 from meshrl.algo.losses import Norm, policy_loss
 from meshrl.algo.objectives import critic_free_advantages
-from meshrl.config import load_config
+from meshrl.commands.settings import load_settings
 from meshrl.errors import UserError
 from meshrl.model import build_model
 
@@ -38,7 +38,7 @@ class Recording(LocalHandle):
 
 
 def _rollout(env="CountEnv", extra=()):
-    cfg = load_config(None, BASE + [f"env.fn={ENV}:{env}", *extra])
+    cfg = load_settings(None, BASE + [f"env.fn={ENV}:{env}", *extra])
     tok = setup.tokenizer_for(cfg)
     b = rollout_batch(setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg)), cfg, 0)
     h = Recording(build_model("tiny", seed=3))
@@ -114,7 +114,7 @@ def test_reset_prompt_and_a_one_turn_env_equals_single_turn_generation():
     # env.max_turns=1 with an env that keeps the dataset prompt: the same tokens as plain generation
     one = ["env.max_turns=1", "env.max_tokens=6"]
     cfg1, b1, h1, ctx1, g1 = _rollout("CountEnv", one)
-    plain_cfg = load_config(None, BASE)
+    plain_cfg = load_settings(None, BASE)
     plain = generate_rows(LocalHandle(h1.model), b1, CallContext(plain_cfg, 0, ctx1.tokenizer), Place())
     assert torch.equal(plain["input_ids"], g1["input_ids"])
     assert torch.equal(plain["response_mask"], g1["response_mask"])
@@ -128,16 +128,16 @@ def test_reset_prompt_and_a_one_turn_env_equals_single_turn_generation():
 ])
 def test_bad_env_is_refused_at_load(name, msg):
     with pytest.raises(UserError, match=msg):
-        load_config(None, BASE + [f"env.fn={ENV}:{name}"])
+        load_settings(None, BASE + [f"env.fn={ENV}:{name}"])
 
 
 def test_env_errors_name_the_culprit():
     with pytest.raises(UserError, match="file nowhere.py not found"):
-        load_config(None, BASE + ["env.fn=nowhere.py:Env"])
+        load_settings(None, BASE + ["env.fn=nowhere.py:Env"])
     with pytest.raises(UserError, match="env.fn is for ppo, grpo, rloo"):
-        load_config(None, BASE + [f"env.fn={ENV}:CountEnv", "algo=remax"])
+        load_settings(None, BASE + [f"env.fn={ENV}:CountEnv", "algo=remax"])
     with pytest.raises(UserError, match="env.max_tokens=4 must be >= data.gen_len=6"):
-        load_config(None, BASE + [f"env.fn={ENV}:CountEnv", "env.max_tokens=4"])
+        load_settings(None, BASE + [f"env.fn={ENV}:CountEnv", "env.max_tokens=4"])
     with pytest.raises(UserError, match=r"BadReturn.*returned the reward 'one', not a finite number, on dataset row"):
         _rollout("BadReturn")
 

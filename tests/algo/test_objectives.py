@@ -9,7 +9,7 @@ import torch
 from meshrl.algo.batch import Batch
 from meshrl.algo.common import CallContext
 from meshrl.algo.objectives import critic_free_advantages, ppo_advantages
-from meshrl.config import load_config
+from meshrl.commands.settings import load_settings
 from meshrl.model import build_model
 from meshrl.algo.calls import Place, _actor_loss_fn, ref_logprob_rows
 from meshrl.algo.handles import LocalHandle
@@ -24,7 +24,7 @@ def batch(**extra):
 
 
 def test_ppo_advantages_kl_in_reward_by_loop():
-    cfg = load_config(None, ["ppo.kl_coef=0.1", "ppo.gamma=0.9", "ppo.lam=0.8", "ppo.whiten_advantages=false"])
+    cfg = load_settings(None, ["ppo.kl_coef=0.1", "ppo.gamma=0.9", "ppo.lam=0.8", "ppo.whiten_advantages=false"])
     values = torch.tensor([[0.2, 0.1, -0.1], [0.5, 0.4, 9.0]])
     scores = torch.tensor([1.0, -1.0])
     adv, ret = ppo_advantages(batch(values=values, scores=scores), cfg)
@@ -42,14 +42,14 @@ def test_ppo_advantages_kl_in_reward_by_loop():
 
 
 def test_rloo_and_remax_subtract_the_summed_kl_from_the_score():
-    cfg = load_config(None, ["algo=rloo", "data.samples_per_prompt=2", "ppo.kl_coef=0.5"])
+    cfg = load_settings(None, ["algo=rloo", "data.samples_per_prompt=2", "ppo.kl_coef=0.5"])
     scores = torch.tensor([1.0, 0.0])
     adv = critic_free_advantages(batch(scores=scores), cfg, "rloo")
     s = [float(scores[i]) - 0.5 * sum(float(LOGP_OLD[i, t] - LOGP_REF[i, t]) for t in range(int(MASK[i].sum())))
          for i in range(2)]
     assert torch.allclose(adv[0], torch.tensor([s[0] - s[1]] * 3))
     assert torch.allclose(adv[1], torch.tensor([s[1] - s[0]] * 2 + [0.0]))
-    cfg = load_config(None, ["algo=remax", "ppo.kl_coef=0.5"])
+    cfg = load_settings(None, ["algo=remax", "ppo.kl_coef=0.5"])
     adv = critic_free_advantages(batch(scores=scores, scores_greedy=torch.tensor([0.0, 1.0])), cfg, "remax")
     assert torch.allclose(adv[:, 0], torch.tensor([s[0] - 0.0, s[1] - 1.0]))
 
@@ -58,7 +58,7 @@ def test_grpo_objective_by_loop():
     """GRPO's per-token loss: -min(r A, clip(r) A) + beta * k3, summed over real tokens / token count."""
     from meshrl.algo.common import StatSum
 
-    cfg = load_config(None, ["algo=grpo", "data.samples_per_prompt=2", "ppo.kl_coef=0.3"])
+    cfg = load_settings(None, ["algo=grpo", "data.samples_per_prompt=2", "ppo.kl_coef=0.3"])
     model = build_model("tiny", seed=0)
     ids = torch.tensor([[256, 257, 51, 43, 52, 61, 55, 258, 256], [257, 50, 43, 50, 61, 52, 258, 256, 256]])
     attn = (ids != 256).long()
@@ -96,7 +96,7 @@ def test_response_logprobs_skip_prompt_and_padding():
     rmask = attn[:, 7:].clone()
     rmask[0, 2] = 0  # a real token outside the response mask must get no log-prob either
     b = Batch({"input_ids": ids, "attention_mask": attn, "response_mask": rmask})
-    got = ref_logprob_rows(LocalHandle(model), b, CallContext(load_config(None, []), 0, None), Place())["logp_ref"]
+    got = ref_logprob_rows(LocalHandle(model), b, CallContext(load_settings(None, []), 0, None), Place())["logp_ref"]
     with torch.no_grad():
         alone = torch.log_softmax(model(torch.tensor([prompt + resp])).float(), -1)[0]
     # row 0's response starts at column 7, i.e. position 5 of the unpadded sequence

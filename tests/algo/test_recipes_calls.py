@@ -12,7 +12,7 @@ from meshrl.algo.batch import Batch
 from meshrl.algo.evaluate import eval_metrics, evaluate_local
 from meshrl.algo.filtering import group_rows
 from meshrl.algo.handles import LocalHandle
-from meshrl.config import load_config
+from meshrl.commands.settings import load_settings
 from meshrl.model.checkpoint import build_model
 from meshrl.model.tokenizer import ByteTokenizer
 
@@ -29,7 +29,7 @@ def test_filter_keeps_informative_groups_then_fills_in_draw_order():
 
 
 def test_eval_metrics_by_hand():
-    cfg = load_config(None, ["eval.samples=3", "eval.correct=1.0"])
+    cfg = load_settings(None, ["eval.samples=3", "eval.correct=1.0"])
     rows = Batch({"rewards": torch.tensor([1.0, 0.0, 0.0, 0.0, 0.5, 0.0]), "row_id": torch.tensor([0, 0, 0, 1, 1, 1])})
     got = eval_metrics(rows, cfg)
     assert got == pytest.approx({"eval/reward": 1.5 / 6, "eval/accuracy": 1 / 6, "eval/pass@3": 0.5})
@@ -56,7 +56,7 @@ def test_greedy_eval_matches_an_independent_decoder(tmp_path):
                                    "    return sum(map(ord, response)) % 7 / 7\n")
     prompts = ["1+2=", "3+4=", "9+9=", "0+5=", "7+1="]
     (tmp_path / "e.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": "0"}) + "\n" for p in prompts))
-    cfg = load_config(None, [f"eval.path={tmp_path / 'e.jsonl'}", f"reward.fn={tmp_path / 'r.py'}:code",
+    cfg = load_settings(None, [f"eval.path={tmp_path / 'e.jsonl'}", f"reward.fn={tmp_path / 'r.py'}:code",
                              "eval.correct=0.7", "data.gen_len=5"])
     tok = ByteTokenizer()
     model = build_model("tiny", seed=4).eval()

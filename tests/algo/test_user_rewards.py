@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from meshrl.algo.user_rewards import load_reward_fn, overlong_penalty, part_names, score_texts
-from meshrl.config import load_config
+from meshrl.commands.settings import load_settings
 from meshrl.errors import UserError
 
 USER_FILE = '''
@@ -30,7 +30,7 @@ def user_file(tmp_path):
 
 
 def test_file_functions_weighted_and_named(user_file):
-    cfg = load_config(None, [f"reward.fn=[{user_file}:length_bonus, {user_file}:exact]", "reward.weights=[0.5, 2]"])
+    cfg = load_settings(None, [f"reward.fn=[{user_file}:length_bonus, {user_file}:exact]", "reward.weights=[0.5, 2]"])
     score, parts = score_texts(cfg, ["p", "q"], ["abc", "7"], ["7", "7"], [{"scale": 2.0}, {}], ["row 0", "row 1"])
     # row 0: length_bonus = 3 * 2 = 6, exact = 0 -> 0.5*6 + 2*0 = 3; row 1: 1, 1 -> 0.5 + 2 = 2.5
     assert parts.tolist() == [[6.0, 0.0], [1.0, 1.0]]
@@ -45,25 +45,25 @@ def test_module_spec_loads_a_package_function():
 
 def test_bad_reward_specs_are_refused_naming_the_key(user_file, tmp_path):
     with pytest.raises(UserError, match=r"reward.fn='nope.py:f': file nope.py not found"):
-        load_config(None, ["reward.fn=nope.py:f"])
+        load_settings(None, ["reward.fn=nope.py:f"])
     with pytest.raises(UserError, match=r"has no function 'missing'"):
-        load_config(None, [f"reward.fn={user_file}:missing"])
+        load_settings(None, [f"reward.fn={user_file}:missing"])
     with pytest.raises(UserError, match=r"reward.fn='no_such_pkg_xyz:f': cannot import module"):
-        load_config(None, ["reward.fn=no_such_pkg_xyz:f"])
+        load_settings(None, ["reward.fn=no_such_pkg_xyz:f"])
     with pytest.raises(UserError, match="reward.weights has 1 entries but reward.fn has 2"):
-        load_config(None, [f"reward.fn=[{user_file}:exact, {user_file}:exact]", "reward.weights=[1]"])
+        load_settings(None, [f"reward.fn=[{user_file}:exact, {user_file}:exact]", "reward.weights=[1]"])
     broken = tmp_path / "broken.py"
     broken.write_text("def f(:\n")
     with pytest.raises(UserError, match="importing .*broken.py failed: SyntaxError"):
-        load_config(None, [f"reward.fn={broken}:f"])
+        load_settings(None, [f"reward.fn={broken}:f"])
 
 
 def test_user_function_failures_name_function_file_and_row(user_file):
-    cfg = load_config(None, [f"reward.fn={user_file}:boom"])
+    cfg = load_settings(None, [f"reward.fn={user_file}:boom"])
     with pytest.raises(UserError, match=r"reward function boom \(.*my_rewards.py\) raised ValueError: no way on "
                                         r"dataset row 4"):
         score_texts(cfg, ["p"], ["r"], ["a"], [{}], ["dataset row 4"])
-    cfg = load_config(None, [f"reward.fn={user_file}:text"])
+    cfg = load_settings(None, [f"reward.fn={user_file}:text"])
     with pytest.raises(UserError, match=r"reward function text .* returned 'yes', not a finite number, on row 0"):
         score_texts(cfg, ["p"], ["r"], ["a"], [{}], ["row 0"])
 
@@ -85,7 +85,7 @@ def test_overlong_penalty_by_hand():
 ])
 def test_bad_recipe_values_name_the_key(override, key):
     with pytest.raises(UserError, match=key.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
-        load_config(None, [override])
+        load_settings(None, [override])
 
 
 def test_a_file_reward_equal_to_the_rule_trains_identically(tmp_path):
@@ -99,7 +99,7 @@ def test_a_file_reward_equal_to_the_rule_trains_identically(tmp_path):
     f.write_text("def exact(prompt, response, answer, **row):\n"
                  "    return 1.0 if response.strip() == answer.strip() else 0.0\n")
     base = ["algo=grpo", "data.batch_size=8", "train.iterations=2", "sft.steps=20", "data.gen_len=6"]
-    cfgs = [load_config(None, base + extra) for extra in ([], [f"reward.fn={f}:exact"])]
+    cfgs = [load_settings(None, base + extra) for extra in ([], [f"reward.fn={f}:exact"])]
     runs = [in_process(c, resolve_plan(c, "colocated", 1)[0], None) for c in cfgs]  # `meshrl train`'s one rank
     for rule, mine in zip(*runs, strict=True):
         mine = deterministic_part(mine)

@@ -14,7 +14,7 @@ from meshrl.algo.calls import Place, generate_rows
 from meshrl.algo.common import CallContext
 from meshrl.algo.handles import LocalHandle
 from meshrl.algo.iteration import rollout_batch
-from meshrl.config import load_config
+from meshrl.commands.settings import load_settings
 from meshrl.model import load_pretrained
 
 ENV = Path(__file__).parents[1] / "algo" / "count_env.py"
@@ -22,7 +22,7 @@ ENV = Path(__file__).parents[1] / "algo" / "count_env.py"
 
 def test_observations_are_the_templates_next_turn(ckpt):  # noqa: F811
     path, hf, data = ckpt
-    cfg = load_config(None, ["algo=grpo", f"models.actor.path={path}", "data.chat_template=true", f"data.path={data}",
+    cfg = load_settings(None, ["algo=grpo", f"models.actor.path={path}", "data.chat_template=true", f"data.path={data}",
                              "data.prompt_len=24", "data.gen_len=4", "data.batch_size=2", f"env.fn={ENV}:WordsEnv",
                              "env.max_turns=2", "env.max_tokens=32"])
     tok = setup.tokenizer_for(cfg)

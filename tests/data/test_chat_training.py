@@ -15,7 +15,7 @@ from meshrl.algo import setup
 from meshrl.algo.rollout import stop_token_id
 from meshrl.runtime.job import in_process
 from meshrl.runtime.plans import resolve_plan
-from meshrl.config import load_config
+from meshrl.commands.settings import load_settings
 from meshrl.errors import UserError
 
 RECORDS = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is 2 + 2 ?"}],
@@ -40,7 +40,7 @@ def ckpt(tmp_path_factory):
 
 def test_prompts_are_transformers_chat_ids_and_generation_stops_at_end_of_turn(ckpt):
     path, hf, data = ckpt
-    cfg = load_config(None, [f"models.actor.path={path}", "data.chat_template=true", f"data.path={data}",
+    cfg = load_settings(None, [f"models.actor.path={path}", "data.chat_template=true", f"data.path={data}",
                              "data.prompt_len=24"])
     tok = setup.tokenizer_for(cfg)
     batch = setup.encode_prompt_batch(cfg, tok, setup.prompt_records(cfg))
@@ -55,7 +55,7 @@ def test_prompts_are_transformers_chat_ids_and_generation_stops_at_end_of_turn(c
 
 def test_a_grpo_iteration_on_chat_records(ckpt):
     path, _, data = ckpt
-    cfg = load_config(None, ["algo=grpo", f"models.actor.path={path}", "data.chat_template=true", f"data.path={data}",
+    cfg = load_settings(None, ["algo=grpo", f"models.actor.path={path}", "data.chat_template=true", f"data.path={data}",
                              "data.prompt_len=24", "data.gen_len=4", "data.batch_size=2", "train.iterations=1"])
     rec = in_process(cfg, resolve_plan(cfg, "colocated", 1)[0], None)[0]
     assert 0.0 <= rec["reward/mean"] <= 1.0 and rec["response/length"] > 0
@@ -63,6 +63,6 @@ def test_a_grpo_iteration_on_chat_records(ckpt):
 
 def test_messages_without_chat_template_are_refused(ckpt):
     path, _, data = ckpt
-    cfg = load_config(None, [f"models.actor.path={path}", f"data.path={data}", "data.prompt_len=24"])
+    cfg = load_settings(None, [f"models.actor.path={path}", f"data.path={data}", "data.prompt_len=24"])
     with pytest.raises(UserError, match="data.chat_template=true"):
         setup.encode_prompt_batch(cfg, setup.tokenizer_for(cfg), setup.prompt_records(cfg))

@@ -114,12 +114,12 @@ def test_export_reads_back_in_transformers(tmp_path, case):
 
 def test_unsupported_rope_and_families_name_the_culprit(tmp_path):
     from meshrl.errors import UserError
-    from meshrl.model import ModelConfig
-    base = json.loads(json.dumps(build_model("tiny").config.to_hf_dict()))
+    from meshrl.model.hf_config import config_from_hf, config_to_hf
+    base = json.loads(json.dumps(config_to_hf(build_model("tiny").config)))
     for patch, words in [({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "longrope"),
                          ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),
                          ({"model_type": "qwen3", "use_sliding_window": True}, "use_sliding_window"),
                          ({"model_type": "qwen3_moe"}, "num_experts"),
                          ({"model_type": "gpt2"}, "gpt2")]:
         with pytest.raises(UserError, match=words):
-            ModelConfig.from_hf_dict({**base, **patch})
+            config_from_hf({**base, **patch})

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from meshrl.errors import UserError
-from meshrl.plan.hardware import PRESETS, get_hardware
+from meshrl.plan.hardware import PRESETS
+from meshrl.plan.hardware_profile import get_hardware
 
 
 def test_planner_reads_a_gpu_profile(tmp_path):

@@ -11,7 +11,7 @@ from meshrl.config import load_config
 from meshrl.layout.mesh import Layout
 from meshrl.plan.call_spec import CallSpec, RunShape
 from meshrl.plan.estimator import estimate_call
-from meshrl.plan.hardware import get_hardware
+from meshrl.plan.hardware_profile import get_hardware
 from meshrl.plan.lengths import apply_lengths
 from meshrl.model.presets import get_preset
 

@@ -168,7 +168,7 @@ def test_calibrate_refits_a_deliberately_bad_run_and_finds_a_better_plan(capsys,
     from meshrl.plan.execution_plan import ExecutionPlan
     from meshrl.plan.problem import problem_from_config
     from meshrl.config import load_config
-    from meshrl.runtime.validate import rule_calls
+    from meshrl.plan.validate import rule_calls
 
     from .test_validate import PROFILE
 

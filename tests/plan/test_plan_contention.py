@@ -3,7 +3,8 @@ steps running at the same time on one node by it. GPU presets have no curve and 
 
 import pytest
 
-from meshrl.plan.hardware import PRESETS, from_profile
+from meshrl.plan.hardware import PRESETS
+from meshrl.plan.hardware_profile import from_profile
 from meshrl.plan.simulator import Event, Sharing, build_events, schedule, sharing, simulate
 from meshrl.plan.strategies import BUILDERS, colocated, interleaved
 

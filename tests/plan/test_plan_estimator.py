@@ -139,7 +139,7 @@ def test_every_call_pays_the_measured_host_time_once(kind):
 
 
 def test_host_time_is_what_the_runtime_spends_outside_its_steps():
-    from meshrl.runtime.profile_host import host_gap
+    from meshrl.profile.host import host_gap
 
     recs = [{"time/iteration": 9.0, "time/call/a": 1.0},  # the warm-up iteration is left out
             {"time/iteration": 1.0, "time/call/a": 0.3, "time/call/b": 0.4, "time/realloc/b": 0.1},

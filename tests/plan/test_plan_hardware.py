@@ -6,7 +6,8 @@ import math
 import pytest
 
 from meshrl.errors import UserError
-from meshrl.plan.hardware import PRESETS, from_profile, get_hardware, load_profile
+from meshrl.plan.hardware import PRESETS
+from meshrl.plan.hardware_profile import from_profile, get_hardware, load_profile
 
 PROFILE = {"matmul": {"128": 4e10, "768": 2e10}, "mem_bw": 5e9, "mem_bytes": 8e9, "dtype_bytes": 4,
            "collectives": {"all_reduce": {"2": {"latency_s": 1e-4, "sec_per_byte": 1e-9}},
@@ -92,7 +93,7 @@ def test_a_two_layer_model_timed_faster_than_one_layer_is_timed_again():
     slow (a fixed cost <= 0), is re-measured."""
     import time
 
-    from meshrl.runtime.profile_layers import _layer_pair
+    from meshrl.profile.layers import _layer_pair
 
     for first in (0.005, 0.06):  # one layer takes 20 ms; two take 5 ms, or 60 ms, in the first round
         calls = {"n": 0}
@@ -110,7 +111,7 @@ def test_a_profile_taken_with_other_threads_or_cores_is_flagged():
     ranks); a profile without the measured speedup of more threads, measured with another count,
     or one measured on another number of cores, would misprice every call: the reader says so (and
     still loads it)."""
-    from meshrl.plan.hardware import profile_mismatches
+    from meshrl.plan.hardware_profile import profile_mismatches
 
     data = {**PROFILE, "threads_per_rank": 1, "cores": 2}
     assert profile_mismatches(data, 1, 2) == []

@@ -4,7 +4,7 @@ ranks of t threads, and the planner asking for the threads the runtime will set.
 
 import pytest
 
-from meshrl.plan.hardware import from_profile
+from meshrl.plan.hardware_profile import from_profile
 from meshrl.plan.thread_scaling import speedup
 
 from .test_plan_contention import SHARED, cpu_problem

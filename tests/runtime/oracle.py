@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from meshrl.algo import setup
-from meshrl.algo.calls import Place, implementation, row_wise
+from meshrl.algo.calls import Place, row_wise
+from meshrl.algo.dispatch import implementation
 from meshrl.algo.common import CallContext
 from meshrl.algo.evaluate import eval_due, evaluate_local
 from meshrl.algo.graph import graph_of

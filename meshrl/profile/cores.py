@@ -3,8 +3,8 @@
 - ``cores``: the cores this process may run on (``os.sched_getaffinity``), not ``os.cpu_count()``:
   a container or ``taskset`` limits the first, not the second;
 - ``threads_per_rank``: ``torch.get_num_threads()`` inside the ranks measured, always 1 (the
-  curve is for one-thread ranks; profile_threads.py measures what more threads per rank give, and
-  the planner combines the two: meshrl/plan/hardware.py ``from_profile``);
+  curve is for one-thread ranks; threads.py measures what more threads per rank give, and
+  the planner combines the two: meshrl/plan/hardware_profile.py ``from_profile``);
 - ``contention``: the measured slowdown of k ranks computing at once. k ranks of a RankPool wait on
   one gloo barrier, then each repeats one forward + backward of meshrl's tiny model until a common
   deadline; a rank's seconds per step are the window up to its last step that ended inside it, over
@@ -25,8 +25,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..plan.hardware import usable_cores
-from .launch import RankPool
+from ..cores import usable_cores
+from ..runtime.launch import RankPool
+from ..model.generation import sequence_logprobs
+from ..model.presets import get_preset
+from ..model.checkpoint import build_model
 
 WORK = (4, 32)  # sequences x tokens per step of the tiny model: ~30 ms of forward + backward alone
 ROUNDS = 3  # passes over every k; the curve takes the median (--quick: one)
@@ -43,9 +46,6 @@ def contention_ranks(cores: int, quick: bool) -> tuple[int, ...]:
 
 def _setup() -> int:
     """On every rank: build the step (tiny model, fixed seed), run it twice; return the threads."""
-    from ..model.generation import sequence_logprobs
-    from ..model.presets import get_preset
-    from ..model.checkpoint import build_model
 
     torch.manual_seed(0)
     model = build_model(get_preset("tiny"))

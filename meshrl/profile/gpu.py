@@ -3,7 +3,7 @@
 Two figures, the ones the GPU presets take from datasheets (plan/hardware.py): bf16 matmul FLOP/s
 at the presets' widths (a [4096, h] x [h, 4h] product, as a layer's MLP does, median of timed reps
 after a warm-up) and HBM bandwidth (a device-to-device copy of 1 GiB: read + write bytes over the
-time). ``gpu_from_profile`` (plan/hardware.py) puts them into the device preset: the measured peak
+time). ``gpu_from_profile`` (plan/hardware_profile.py) puts them into the device preset: the measured peak
 with mfu 1 (the matmul is what a layer achieves), the measured bandwidth with hbm_eff 1; the links,
 memory size and the published fits stay the preset's.
 """
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from .profile_host import measure_host_gap
+from .host import measure_host_gap
 
 WIDTHS = (896, 1536, 4096, 8192)  # qwen2.5-0.5b/1.5b, llama2-7b, llama2-70b hidden sizes
 
@@ -34,7 +34,7 @@ def _timed(fn, dev: torch.device, reps: int) -> float:
 
 def profile_gpu(device: str, quick: bool = False) -> dict:
     """{"device": preset name, "gpu": CUDA name, "matmul_bf16": {h: FLOP/s}, "hbm_bw": bytes/s,
-    "host_gap": {"call_host_s": seconds, ...}} (runtime/profile_host.py)."""
+    "host_gap": {"call_host_s": seconds, ...}} (profile/host.py)."""
     dev = torch.device("cuda", torch.cuda.current_device())
     reps = 3 if quick else 10
     matmul = {}

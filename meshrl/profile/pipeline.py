@@ -20,7 +20,13 @@ import time
 
 import torch.distributed as dist
 
-from .launch import RankPool
+from ..runtime.launch import RankPool
+from ..model.checkpoint import build_model
+from ..parallel.groups import GroupCache
+from ..layout.mesh import Placement
+from ..parallel.model import ParallelModel
+from ..model.generation import GenerationConfig
+from ..parallel.generate import pipelined_generate
 
 PROMPT, SHORT, LONG = 16, 2, 16  # prompt tokens; the two generation lengths timed
 BATCHES = (8, 32)
@@ -28,11 +34,6 @@ _state: dict = {}
 
 
 def _setup() -> bool:
-    from ..model.checkpoint import build_model
-    from ..parallel.groups import GroupCache
-    from ..layout.mesh import Placement
-    from ..parallel.model import ParallelModel
-
     plain = build_model("tiny", seed=0)
     cache = GroupCache()
     _state["pp2"] = ParallelModel.from_state(plain.config, Placement.parse("dp1tp1pp2@0-1"), cache,
@@ -46,8 +47,6 @@ def _setup() -> bool:
 
 def _generate(which: str, batch: int, tokens: int, reps: int) -> float | None:
     """Median seconds of ``reps`` greedy generations (after one warm-up); None off the mesh."""
-    from ..model.generation import GenerationConfig
-    from ..parallel.generate import pipelined_generate
 
     model = _state[which]
     if model is None:

@@ -1,10 +1,10 @@
 """``meshrl profile``'s measuring side: this machine's matmul throughput, memory bandwidth, gloo
 collective latency and bandwidth by group size, and how its cores are shared between ranks
-(meshrl/runtime/profile_cores.py), written as the JSON the planner reads (meshrl/plan/hardware.py:
+(meshrl/profile/cores.py), written as the JSON the planner reads (meshrl/plan/hardware.py:
 ``from_profile``).
 
 Compute is measured with one thread, in fp32 (the CPU dtype), and the speedup of more threads per
-rank separately (meshrl/runtime/profile_threads.py): a rank of a run gets ``train.threads``
+rank separately (meshrl/profile/threads.py): a rank of a run gets ``train.threads``
 threads, by default the usable cores split between the machine's ranks (meshrl/cores.py), and the
 planner scales the one-thread figures by the measured speedup for that count.
 Collectives run in real gloo process groups started with torch.multiprocessing; every process
@@ -26,11 +26,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import UserError
-from .profile_cores import measure_cores
-from .profile_host import measure_host_gap
-from .profile_layers import linear_fit, measure_layers, measure_optimizer, median_time
-from .profile_pipeline import measure_pipeline_hop
-from .profile_threads import measure_thread_scaling
+from .cores import measure_cores
+from .host import measure_host_gap
+from .layers import linear_fit, measure_layers, measure_optimizer, median_time
+from .pipeline import measure_pipeline_hop
+from .threads import measure_thread_scaling
 
 HIDDEN_FULL = (128, 768, 2048, 4096)  # tiny, small, and two larger widths (7B is 4096)
 HIDDEN_QUICK = (128,)
@@ -125,7 +125,7 @@ def measure_collectives(world: int, reps: int, timeout_s: float, sizes: tuple[in
 
 
 def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
-    """The profile dict (see meshrl/plan/hardware.py: from_profile)."""
+    """The profile dict (see meshrl/plan/hardware_profile.py: from_profile)."""
     reps = 2 if quick else 5
     prev = torch.get_num_threads()
     torch.set_num_threads(1)

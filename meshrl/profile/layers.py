@@ -19,6 +19,9 @@ from ..model.config import ModelConfig, param_shapes
 from ..model.presets import get_preset
 from ..model.checkpoint import build_model
 from ..model.generation import decode_one, make_caches, sequence_logprobs
+from ..parallel.data import AdamWConfig, ZeroAdamW, clip_grad_norm
+from ..plan.estimator import ADAM_STEP_BYTES
+from ..parallel.groups import Axis
 
 DECODE_CONTEXT = 32  # cached tokens behind each decoding step measured
 
@@ -167,9 +170,6 @@ def measure_optimizer(reps: int, mem_bw: float) -> dict:
     is mostly per tensor (small kernels and Python each), not bytes. -> {step_s, tensors, params,
     sec_per_tensor}: what the step takes beyond its bytes (ADAM_STEP_BYTES per parameter at
     ``mem_bw``, the estimator's bandwidth term), per parameter tensor."""
-    from ..parallel.data import AdamWConfig, ZeroAdamW, clip_grad_norm
-    from ..plan.estimator import ADAM_STEP_BYTES
-    from ..parallel.groups import Axis
 
     model = build_model(get_preset("tiny"))
     named = dict(model.named_parameters())

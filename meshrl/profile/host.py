@@ -13,6 +13,9 @@ every call (meshrl/plan/estimator.py ``estimate_call``).
 from __future__ import annotations
 
 import statistics
+from ..config import Config
+from ..runtime.job import in_process
+from ..runtime.plans import resolve_plan
 
 ITERATIONS = 6  # --quick: 3
 STEP_PREFIXES = ("time/call/", "time/realloc/", "time/transfer/")
@@ -29,14 +32,11 @@ def host_gap(records: list[dict]) -> dict:
 
 def measure_host_gap(quick: bool = False, timeout_s: float = 120.0) -> dict:
     """Run the one-rank runtime on the tiny preset (PPO: six calls) and return ``host_gap``."""
-    from ..config import Config
-    from .job import in_process
-    from .plans import resolve_plan
 
     cfg = Config()  # the built-in demo (PPO, tiny models, a rule reward)
     cfg.data.batch_size, cfg.data.gen_len, cfg.sft.steps = 8, 8, 1
     cfg.train.iterations = 3 if quick else ITERATIONS
-    cfg.train.threads = 1  # the profile's convention: one thread (profile_threads.py measures more)
+    cfg.train.threads = 1  # the profile's convention: one thread (threads.py measures more)
     plan, _ = resolve_plan(cfg, "colocated", 1)
     records = in_process(cfg, plan, None, 0, timeout_s, None, quiet=True, progress=False)
     return host_gap(records)

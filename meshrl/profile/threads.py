@@ -1,10 +1,10 @@
 """How much faster a rank computes with more torch threads, for ``meshrl profile``.
 
-The rest of the CPU profile times one thread (profile.py, profile_layers.py); a rank of a run gets
+The rest of the CPU profile times one thread (machine.py, layers.py); a rank of a run gets
 ``train.threads`` threads, by default the usable cores split between the machine's ranks
 (meshrl/cores.py), so one rank alone on a 2-core machine runs 2. The planner scales the
 one-thread layer fits by the speedup measured here for the rank's thread count
-(meshrl/plan/hardware.py ``from_profile``; docs/planner.md "Threads").
+(meshrl/plan/hardware_profile.py ``from_profile``; docs/planner.md "Threads").
 
 Per profiled width, on its DEEP-layer model (the larger of the layer pair, whose time is mostly
 layers): forward log-probs and forward + backward of 128 tokens, and one decoding step of 8 rows
@@ -19,7 +19,7 @@ import torch
 
 from ..model.generation import decode_one, make_caches, sequence_logprobs
 from ..model.checkpoint import build_model
-from .profile_layers import DECODE_CONTEXT, DEEP, pair_medians, width_configs
+from .layers import DECODE_CONTEXT, DEEP, pair_medians, width_configs
 
 TOKENS = 128  # forward and forward + backward: one sequence of 128 tokens
 DECODE_ROWS = 8  # one decoding step of 8 rows

@@ -1,0 +1,123 @@
+"""The memory model checked where it matters: predicted against dry-run peak memory per call, on
+ReaL's grid and on two MoE presets, at full size on fake tensors (``meshrl plan --dry-run``).
+
+ReaL's grid as bench/real_grid.py plans it (H100 preset, PPO, 2^17 tokens per iteration, prompts of
+128 tokens, 4 mini-batches): LLaMA-2 7B / 13B, CodeLLaMA-34B and LLaMA-2 70B on 8 / 16 / 32 / 64 GPUs
+("scale actor": actor and reference at that size, critic and reward 7B; "scale critic" the
+reverse; "scale both": all four, on twice the GPUs, up to 128), generation of 128 / 384 / 896
+tokens; in each cell the heuristic plan and the searched plan. Then qwen3-30b-a3b and mixtral-8x7b
+(all four roles) on 64 GPUs. Per call, the busiest rank's predicted peak (the estimator,
+Problem.call_memory) against its dry-run peak; the error summary is over every call and simulated
+rank of every cell (|predicted - dry run| / dry run).
+
+    python bench/dry_run_grid.py [--scales both] [--models 7B,13B] [--gens 128] [--strategies heuristic,search]
+                                 [--steps 200] [--moe] [--out docs/dry_run_grid.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from real_grid import GENS, SIZES, SMALL  # noqa: E402
+
+from meshrl.commands.plan_dry_run import errors, report  # noqa: E402
+from meshrl.config import load_config  # noqa: E402
+from meshrl.plan.problem import problem_from_config  # noqa: E402
+from meshrl.plan.report import compare  # noqa: E402
+
+MOE = (("qwen3-30b-a3b", "Qwen3-30B-A3B"), ("mixtral-8x7b", "Mixtral-8x7B"))
+
+
+def grid_cells(scales: list[str], models: list[str], gens: list[int]):
+    for scale in scales:
+        for preset, label, gpus in SIZES:
+            if label not in models:
+                continue
+            actor = preset if scale in ("actor", "both") else SMALL
+            critic = preset if scale in ("critic", "both") else SMALL
+            n = gpus * 2 if scale == "both" else gpus
+            for gen in gens:
+                yield f"scale {scale}", label, n, gen, actor, critic
+
+
+def overrides(actor: str, critic: str, n: int, gen: int) -> list[str]:
+    return ["cluster.device=h100-80g", f"cluster.nodes={n // 8}", "cluster.devices_per_node=8",
+            f"models.actor={actor}", f"models.ref={actor}", f"models.critic={critic}", f"models.reward={critic}",
+            "data.prompt_len=128", f"data.gen_len={gen}", f"data.batch_size={2**17 // (128 + gen)}",
+            "ppo.mini_batches=4"]
+
+
+def run_cell(over: list[str], strategies: list[str], steps: int):
+    """[(strategy, plan, dry-run report)] for one cell."""
+    cfg = load_config(None, over)
+    prob = problem_from_config(cfg)
+    results, _ = compare(prob, strategies, steps=steps)
+    out = []
+    for s in strategies:
+        r = results[s]
+        out.append((s, r.plan, report(cfg, prob, r.plan, every_rank=False, decode="ends")))
+    return out
+
+
+def row(setting: str, label: str, n: int, gen: int, strategy: str, plan, rep: dict) -> str:
+    cells = []
+    for name, c in rep["calls"].items():
+        p, m = c["predicted_mem_gib"], c["dry_run_mem_gib"]
+        cells.append(f"{name} {p:.1f}/{m:.1f} ({(p - m) / m:+.0%})" if m else f"{name} {p:.1f}/-")
+    errs = errors(rep)
+    ok = "ok" if not rep["failures"] else "FAILED: " + rep["failures"][0][:120]
+    fits = "fits" if rep["fits"] else "does not fit"
+    return (f"| {setting} | {label} | {n} | {gen} | {strategy} | {len(rep['simulated'])} | "
+            f"{statistics.median(errs):.1%} / {max(errs):.1%} | " + "; ".join(cells) + f" | {fits}, {ok} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scales", default="actor,critic,both")
+    ap.add_argument("--models", default="7B,13B,34B,70B")
+    ap.add_argument("--gens", default=",".join(map(str, GENS)))
+    ap.add_argument("--strategies", default="heuristic,search")
+    ap.add_argument("--steps", type=int, default=200, help="search plan evaluations per cell")
+    ap.add_argument("--moe", action="store_true", help="also the MoE presets on 64 GPUs")
+    ap.add_argument("--no-grid", action="store_true", help="only the MoE presets")
+    ap.add_argument("--out", default="docs/dry_run_grid.md")
+    args = ap.parse_args()
+    strategies = args.strategies.split(",")
+    head = ("| setting | model | GPUs | gen | plan | simulated ranks | median / worst error | per call: predicted / "
+            "dry-run GiB of the busiest rank (error) | result |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    print(head, flush=True)
+    all_errs: list[float] = []
+    t0 = time.perf_counter()
+    todo = [] if args.no_grid else list(grid_cells(args.scales.split(","), args.models.split(","),
+                                                    [int(g) for g in args.gens.split(",")]))
+    if args.moe or args.no_grid:
+        todo += [("MoE", label, 64, 128, preset, preset) for preset, label in MOE]
+    for setting, label, n, gen, actor, critic in todo:
+        for strategy, plan, rep in run_cell(overrides(actor, critic, n, gen), strategies, args.steps):
+            all_errs += errors(rep)
+            line = row(setting, label, n, gen, strategy, plan, rep)
+            lines.append(line)
+            print(line, flush=True)
+    total = time.perf_counter() - t0
+    summary = (f"\nOver {len(all_errs)} (call, simulated rank) pairs: median |error| "
+               f"{statistics.median(all_errs):.1%}, worst {max(all_errs):.1%}." if all_errs else "\nNo cell ran.")
+    cmd = "python bench/dry_run_grid.py " + " ".join(sys.argv[1:])
+    note = (f"{summary}\nEach cell: one iteration of the plan at full size on fake tensors and fake process groups "
+            f"(worst case: every response to data.gen_len, no padding removed; decoding's first and last two "
+            f"steps), bf16, H100 preset (80 GB).\nProduced by `{cmd.strip()}` in {total:.0f} s.\n")
+    print(note)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("# Predicted against dry-run peak memory (ReaL's grid, MoE presets)\n\n"
+                              + "\n".join(lines) + "\n" + note)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

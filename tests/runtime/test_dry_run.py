@@ -1,0 +1,172 @@
+"""The dry run (meshrl/runtime/dry_run.py): the real runtime on fake tensors and fake process groups.
+
+Oracles: the symmetry reduction against simulating every rank; the estimator's weights and
+optimizer state against the bytes the fake ranks hold; injected bugs (a collective of the wrong
+shape on one rank, a whole weight on one rank of a tp layout, full-vocabulary logits) against the
+audit and the whole-tensor check, which must name them.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from meshrl.algo.graph import graph_for
+from meshrl.config import load_config
+from meshrl.layout.mesh import Layout, Mesh
+from meshrl.model.config import param_shapes
+from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
+from meshrl.plan.problem import problem_from_config
+from meshrl.runtime.dry_run import dry_run
+
+SIZES = ["data.batch_size=8", "data.gen_len=4", "data.prompt_len=8", "cluster.device=h100-80g"]
+
+
+def _setup(n: int, layout: str, extra: tuple[str, ...] = ()):
+    cfg = load_config(None, [*SIZES, f"cluster.devices_per_node={n}", *extra])
+    prob = problem_from_config(cfg)
+    calls = {c.name: CallPlan(Mesh.range(0, n), Layout.parse(layout), 1)
+             for c in graph_for(cfg.algo, cfg.data.samples_per_prompt).calls}
+    return cfg, prob, ExecutionPlan(Cluster(1, n), calls, layout)
+
+
+def _peaks(res) -> dict[tuple[str, int], float]:
+    return {(c, r): res.measured(c, r) for c, per in res.predicted.items() for r in per}
+
+
+@pytest.mark.timeout(900)
+def test_symmetry_classes_give_every_rank_s_numbers():
+    """tp4 on 4 ranks: the classes' simulated ranks stand for the others exactly."""
+    cfg, prob, plan = _setup(4, "dp1tp4pp1")
+    every = dry_run(cfg, prob, plan, every_rank=True)
+    reduced = dry_run(cfg, prob, plan)
+    assert every.failures == [] and reduced.failures == []
+    assert len(reduced.simulated) < 4
+    assert _peaks(every) == _peaks(reduced)
+    assert every.checked > reduced.checked > 0  # tp all-reduces compared across members
+    # resident bytes at the first call: the estimator's weights + ZeRO-1 state of the homes (an
+    # independent count: bf16 shards, fp32 master + m + v over dp), to within the small tensors
+    # (the estimator divides every parameter by tp; the norms, replicated, are 6% of this tiny model)
+    first = every.runs[0].steps[0]
+    home = {prob.home(plan, role) for role in prob.graph.roles() if role not in prob.weightless}
+    want = sum(prob.call_estimate(h, plan.calls[h]).weights_bytes + prob.call_estimate(h, plan.calls[h]).state_bytes
+               for h in home)
+    assert abs(first.start - want) / want < 0.08, (first.start, want)
+
+
+@pytest.mark.timeout(900)
+def test_a_collective_of_the_wrong_shape_on_one_rank_is_named(monkeypatch):
+    """Rank 1's gradient all-reduces lose a column: the audit names the step, the ranks and shapes."""
+    from meshrl.parallel import comm
+
+    cfg, prob, plan = _setup(2, "dp2tp1pp1")
+    real = comm.all_reduce
+
+    def broken(t, group, op=torch.distributed.ReduceOp.SUM, async_op=False):
+        if torch.distributed.get_rank() == 1 and t.dim() == 1 and t.numel() > 1:
+            t = t[:-1]
+        return real(t, group, op, async_op)
+
+    monkeypatch.setattr(comm, "all_reduce", broken)
+    res = dry_run(cfg, prob, plan, every_rank=True)
+    assert res.mismatched, res.failures
+    m = res.mismatched[0]
+    assert m.ranks == (0, 1) and "actor_train" in m.step
+    n = int(m.first.split("[")[1].split("]")[0])
+    assert f"[{n}]" in m.first and f"[{n - 1}]" in m.second
+    assert any("disagree on collective" in f and "actor_train" in f for f in res.failures)
+
+
+@pytest.mark.timeout(900)
+def test_a_whole_weight_on_one_rank_fails_with_its_name_and_size(monkeypatch):
+    """A loader that ignores the slice on rank 1 (it gets the whole gate projection under tp2)."""
+    from meshrl.parallel.stage import Stage
+
+    cfg, prob, plan = _setup(2, "dp1tp2pp1")
+    target = "model.layers.0.mlp.gate_proj.weight"
+    shape = param_shapes(prob.models["actor"])[target]
+    real = Stage._place
+
+    def place(self, name, tensor):
+        if name == target and self.groups.rank == 1:
+            tensor = torch.empty(shape, dtype=tensor.dtype)
+        return real(self, name, tensor)
+
+    monkeypatch.setattr(Stage, "_place", place)
+    res = dry_run(cfg, prob, plan, every_rank=True)
+    hits = [f for f in res.failures if target in f and "whole" in f]
+    assert hits, res.failures
+    assert str(list(shape)) in hits[0] and "MiB" in hits[0] and hits[0].startswith("rank 1")
+
+
+@pytest.mark.timeout(900)
+def test_full_vocabulary_logits_on_a_tp_rank_fail_with_the_tensor(monkeypatch):
+    """Gathering the vocabulary-sharded logits whole before the log-softmax (a classic tp bug)."""
+    import meshrl.parallel.model as pmodel
+
+    cfg, prob, plan = _setup(2, "dp1tp2pp1")
+    real = pmodel.vocab_parallel_logprobs
+
+    def gathering(logits, targets, tp, start, entropy=False):
+        torch.cat([logits] * tp.size, dim=-1)  # the whole vocabulary on this rank
+        return real(logits, targets, tp, start, entropy)
+
+    monkeypatch.setattr(pmodel, "vocab_parallel_logprobs", gathering)
+    res = dry_run(cfg, prob, plan, every_rank=True)
+    vocab = prob.models["actor"].vocab_size
+    hits = [f for f in res.failures if "full-vocabulary" in f]
+    assert hits and f", {vocab}]" in hits[0] and "MiB" in hits[0]
+
+
+@pytest.mark.timeout(900)
+def test_a_pipeline_and_transfers_between_meshes():
+    """Generation on ranks 0-1 (pp2), the rest on 2-3: pipeline sends, reallocation, transfers."""
+    cfg = load_config(None, [*SIZES, "cluster.devices_per_node=4"])
+    prob = problem_from_config(cfg)
+    calls = {}
+    for c in graph_for(cfg.algo, cfg.data.samples_per_prompt).calls:
+        mesh, lay = (Mesh.range(0, 2), Layout(1, 1, 2)) if c.kind == "generate" else (Mesh.range(2, 2), Layout(2, 1, 1))
+        calls[c.name] = CallPlan(mesh, lay, 2 if c.kind == "generate" else 1)
+    plan = ExecutionPlan(Cluster(1, 4), calls, "split")
+    res = dry_run(cfg, prob, plan)
+    assert res.failures == []
+    kinds = {op.kind for run in res.runs.values() for op in run.ledger.ops}
+    assert {"send", "recv", "all_reduce"} <= kinds
+    steps = {s.kind for s in res.runs[2].steps}
+    assert {"realloc", "transfer", "call"} <= steps
+
+
+@pytest.mark.timeout(900)
+def test_plan_dry_run_json():
+    """The CLI contract: meshrl plan ... --dry-run --json."""
+    out = subprocess.run([sys.executable, "-m", "meshrl.cli", "plan", *SIZES, "cluster.devices_per_node=2",
+                          "--strategy", "colocated", "--dry-run", "--json"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(got) >= {"calls", "collectives", "seconds"}
+    assert set(got["collectives"]) >= {"checked", "mismatched"} and got["collectives"]["mismatched"] == []
+    for c in got["calls"].values():
+        assert c["predicted_mem_gib"] > 0 and c["dry_run_mem_gib"] > 0 and len(c["ranks"]) == 2
+
+
+@pytest.mark.timeout(1200)
+def test_a_7b_plan_on_8_fake_ranks():
+    """PPO with four 7B models on 8 H100s (the colocated plan): runs, fits, matches the estimator."""
+    from meshrl.plan.strategies import BUILDERS
+
+    cfg = load_config(None, ["cluster.device=h100-80g", "cluster.devices_per_node=8"] +
+                      [f"models.{r}=llama2-7b" for r in ("actor", "ref", "critic", "reward")])
+    prob = problem_from_config(cfg)
+    plan = BUILDERS["colocated"](prob)
+    res = dry_run(cfg, prob, plan)
+    assert res.failures == []
+    errs = [abs(p - res.measured(c, r)) / res.measured(c, r)
+            for c, per in res.predicted.items() for r, p in per.items() if r in res.simulated]
+    assert statistics.median(errs) <= 0.10 and max(errs) <= 0.25, errs
+    assert max(res.measured(c, r) for c, per in res.predicted.items() for r in per) < prob.hw.mem_bytes
