@@ -62,7 +62,8 @@ def predict(row: dict, hw: Hardware) -> float:
     if kind == "train":
         gpus, mb, ga, seq = row["gpus"], row["micro_batch"], row["grad_accum"], row["seq_len"]
         spec = CallSpec("train", "actor", "train", model_of(row["model"]))
-        shape = RunShape(seq, 0, gpus * mb * ga)
+        # priced as GPU_FIT was fitted: the dp all-reduce exposed (refit with --fit to price the overlap)
+        shape = RunShape(seq, 0, gpus * mb * ga, overlap_grad_reduce=False)
         t = estimate_call(spec, shape, Layout(gpus, row["tp"], 1), ga, hw).time_s
         return gpus * mb * ga * seq / t / gpus
     if kind == "rlhf":

@@ -45,6 +45,11 @@ class RunShape:
     # own weights (gen.backend=vllm) loads them before generating and keeps a second copy
     recompute_actor: bool = False
     engine_copy: bool = False
+    # The runtime settings that change a train call's time or memory (PRICED below), as the
+    # runtime's ParallelModel gets them (meshrl/runtime/roles.py)
+    grad_bucket_bytes: float = 25 * 2**20  # train.grad_bucket_mb: the dp all-reduce / ZeRO-1 gather bucket
+    overlap_grad_reduce: bool = True  # train.overlap_grad_reduce: buckets all-reduced during the backward
+    activation_checkpointing: bool = False  # train.activation_checkpointing: layers recomputed in the backward
 
     @classmethod
     def from_config(cls, cfg) -> "RunShape":
@@ -53,7 +58,12 @@ class RunShape:
         # vLLM: paged and compacting; the recompute is priced where it replaces the old log-probs
         # (vLLM); under meshrl's engine it only measures the mismatch and is left out of the price
         rl = getattr(cfg, "algo", "") in ("ppo", "grpo", "remax", "rloo")
-        return dataclasses.replace(shape, recompute_actor=rl and vllm, engine_copy=vllm, compact=shape.compact or vllm)
+        train = getattr(cfg, "train", None)
+        runtime = {} if train is None else {
+            "grad_bucket_bytes": train.grad_bucket_mb * 2**20, "overlap_grad_reduce": train.overlap_grad_reduce,
+            "activation_checkpointing": train.activation_checkpointing}
+        return dataclasses.replace(shape, recompute_actor=rl and vllm, engine_copy=vllm, compact=shape.compact or vllm,
+                                   **runtime)
 
     @classmethod
     def _sizes(cls, cfg) -> "RunShape":
@@ -173,3 +183,25 @@ def mesh_links(mesh: Mesh, layout: Layout, devices_per_node: int) -> Links:
     return Links(tp=spans([lay.local_index(0, t, 0) for t in range(lay.tp)]),
                  dp=spans([lay.local_index(d, 0, 0) for d in range(lay.dp)]),
                  pp=spans([lay.local_index(0, 0, p) for p in range(lay.pp)]))
+
+
+# Every setting that meshrl/runtime and meshrl/parallel read from cfg.train and cfg.gen, with where
+# the planner prices it, or why it changes neither an iteration's time nor its memory.
+# tests/plan/test_runtime_settings.py finds the keys the runtime reads and fails on one missing here.
+PRICED = {
+    "train.dtype": "bytes per weight, gradient and activation; the optimizer state (plan/problem.py, estimator.py)",
+    "train.grad_bucket_mb": "collectives per dp all-reduce and ZeRO-1 gather, and the gather's buffer (estimator.py)",
+    "train.overlap_grad_reduce": "the dp all-reduce hidden behind the last micro-batch's backward (estimator.py)",
+    "train.activation_checkpointing": "layer inputs kept instead of activations; one more forward (estimator.py)",
+    "train.off_policy": "generation of t+1 overlapping training of t (plan/simulator.py)",
+    "train.threads": "a CPU profile's figures scaled to the rank's threads (plan/thread_scaling.py)",
+    "gen.backend": "vLLM's compacting engine, its weight copy and the log-prob recompute (RunShape.from_config)",
+}
+UNPRICED = {
+    "train.iterations": "how many iterations run, not what one costs",
+    "train.seed": "which numbers, not their cost",
+    "train.save_every": "checkpoints are written between iterations, outside the iteration priced",
+    "train.timeout": "a deadline for a hung rank, not a cost",
+    "train.compile": "no measured speed-up of compiled layers in the profile yet: priced as eager",
+    "gen.compile": "no measured speed-up of compiled decoding in the profile yet: priced as eager",
+}

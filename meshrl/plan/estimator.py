@@ -33,10 +33,10 @@ from .hardware import Hardware
 from .model_costs import ModelCosts, model_costs
 
 ADAM_STATE_BYTES = 12  # fp32 master weights + m + v per parameter (ZeRO paper, K = 12)
-ADAM_MOMENT_BYTES = 8  # fp32 m + v: with fp32 weights the runtime keeps no separate master copy
+
 ADAM_STEP_BYTES = 28  # read master, m, v (12) + bf16 grad (2); write master, m, v (12) + bf16 param (2)
 LOGIT_BYTES = 4  # logits are kept in fp32 for the softmax / log-probs
-DP_BUCKET_BYTES = 25 << 20  # the runtime's gradient all-reduce and ZeRO-1 all-gather bucket (parallel/data.py)
+DP_BUCKET_BYTES = 25 << 20  # train.grad_bucket_mb's default (parallel/data.py BUCKET_BYTES); RunShape has the setting
 NO_LINKS = Links()  # every group within one node
 DECODE_POINTS = 8  # decoding time is integrated over the context length at this many midpoints
 
@@ -76,12 +76,14 @@ def _measured(fit, units: float, scale: float, tp: int) -> float:
     return fit.latency + fit.sec_per_byte * units * scale / tp
 
 
-def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, prefill: bool = False
-                  ) -> tuple[float, dict]:
+def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, prefill: bool = False,
+                  recompute: bool = False) -> tuple[float, dict]:
     """One micro-batch of ``b`` sequences, ``new`` new tokens each (context ending at ``ctx``)
     through the slowest stage: compute + TP all-reduces + the activation send to the next stage.
-    ``prefill``: only the last position goes through the output head."""
+    ``prefill``: only the last position goes through the output head. ``recompute`` (activation
+    checkpointing, with ``backward``): the backward runs each layer's forward again first."""
     mult = 3.0 if backward else 1.0
+    redo = recompute and backward
     fits = c.hw.layer_fits(c.mc.cfg.hidden_size)
     head_rows = b if prefill else b * new
     if fits is not None:  # a measured profile: the model code's own timings, scaled by size
@@ -91,6 +93,9 @@ def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, p
         head_scale = c.mc.head_params / fits.head_params
         compute = (c.stage_layers * _measured(fit, b * new, c.mc.layer_active_params / fits.layer_params, c.lay.tp)
                    + _measured(fixed, b if prefill else b * new, head_scale, c.lay.tp))
+        if redo:  # the layers' forward again (the head is not checkpointed)
+            compute += c.stage_layers * _measured(fits.fwd, b * new, c.mc.layer_active_params / fits.layer_params,
+                                                  c.lay.tp)
     else:
         layer_flops = (2.0 * c.mc.cfg.num_hidden_layers * c.mc.layer_active_params * b * new
                        + b * c.mc.attn_flops(new, ctx))
@@ -98,9 +103,11 @@ def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, p
         # A pass reads the stage's weights at least once (three times with backward): with few
         # tokens it is bandwidth-bound, as a decoding step is; every pass pays the step overhead.
         compute = max(mult * flops / c.lay.tp / c.flops, mult * c.stage_param_bytes / c.hbm_bw)
+        if redo:  # the layers' forward again: their FLOPs, or one more read of their weights
+            compute += max(layer_flops * c.frac / c.lay.tp / c.flops, c.stage_param_bytes / c.hbm_bw)
     overhead = (2 if backward else 1) * c.hw.step_overhead if fits is None else 0.0
     act = b * new * c.mc.cfg.hidden_size * c.hw.dtype_bytes
-    n_ar = (4 if backward else 2) * c.stage_layers
+    n_ar = (4 if backward else 2) * c.stage_layers + (2 * c.stage_layers if redo else 0)
     tp = n_ar * c.hw.all_reduce(act, c.lay.tp, c.links.tp)
     pp = (2 if backward else 1) * c.hw.p2p(act, c.links.pp) if c.lay.pp > 1 else 0.0
     parts = {"compute": compute, "tp_comm": tp, "pp_comm": pp}
@@ -292,16 +299,22 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     b = math.ceil(s_dp / m)
     s = round(shape.row_len(spec.sequences(shape)))
     acc: dict[str, float] = {}
-    step, parts = _forward_step(c, b, s, s, backward=True)
+    step, parts = _forward_step(c, b, s, s, backward=True, recompute=shape.activation_checkpointing)
     t_mb = _pipeline(c, m, step, parts, {})
     grad_bytes = c.stage_param_bytes
+    bucket = shape.grad_bucket_bytes
     # DP as the runtime's ZeRO-1 runs it (meshrl/parallel/data.py): the gradients are all-reduced
-    # in buckets of DP_BUCKET_BYTES, then the updated shards are all-gathered in buckets of
-    # DP_BUCKET_BYTES per rank; one collective (and one latency) per bucket.
-    n_ar = max(1, math.ceil(grad_bytes / DP_BUCKET_BYTES))
-    n_ag = max(1, math.ceil(grad_bytes / c.lay.dp / DP_BUCKET_BYTES))
-    dp = (n_ar * c.hw.all_reduce(grad_bytes / n_ar, c.lay.dp, c.links.dp)
-          + n_ag * c.hw.all_gather(grad_bytes / n_ag, c.lay.dp, c.links.dp))
+    # in buckets of train.grad_bucket_mb, then the updated shards are all-gathered in buckets of
+    # that size per rank; one collective (and one latency) per bucket.
+    n_ar = max(1, math.ceil(grad_bytes / bucket))
+    n_ag = max(1, math.ceil(grad_bytes / c.lay.dp / bucket))
+    reduce = n_ar * c.hw.all_reduce(grad_bytes / n_ar, c.lay.dp, c.links.dp)
+    if shape.overlap_grad_reduce and c.lay.dp > 1:
+        # parallel/overlap.py: each bucket is all-reduced as the last micro-batch's backward fills
+        # it, so only what outlasts that backward (2/3 of its step) is exposed, and at least the
+        # last bucket's, which waits for the backward's end
+        reduce = max(reduce / n_ar, reduce - 2.0 / 3.0 * step)
+    dp = reduce + n_ag * c.hw.all_gather(grad_bytes / n_ag, c.lay.dp, c.links.dp)
     opt = ADAM_STEP_BYTES * (grad_bytes / c.hw.dtype_bytes) / c.lay.dp / c.hw.hbm_bw
     opt += c.mc.stage_tensors(c.lay.pp) * c.hw.optimizer_tensor_s  # every rank steps a chunk of each tensor
     _add(acc, parts, m * steps)
@@ -313,18 +326,24 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     # ZeRO-1 as the runtime keeps it (parallel/data.py ZeroAdamW): fp32 m and v for 1/dp of each
     # parameter, plus an fp32 master copy of that 1/dp when the weights are not fp32 (bf16)
     n_local = grad_bytes / c.hw.dtype_bytes
-    state = (ADAM_STATE_BYTES if c.hw.dtype_bytes != 4 else ADAM_MOMENT_BYTES) * n_local / c.lay.dp
+    # a float32 or float64 parameter is its own master (m and v in its dtype); bf16 keeps fp32 ones
+    wide = c.hw.dtype_bytes >= 4
+    state = (2 * c.hw.dtype_bytes if wide else ADAM_STATE_BYTES) * n_local / c.lay.dp
     in_flight = min(m, c.lay.pp)
-    act = in_flight * b * s * c.stage_layers * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
+    layer_act = b * s * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
+    if shape.activation_checkpointing:  # each layer's input kept; one layer's activations while it recomputes
+        act = in_flight * b * s * c.stage_layers * c.mc.cfg.hidden_size * c.hw.dtype_bytes + layer_act
+    else:
+        act = in_flight * c.stage_layers * layer_act
     logits = 2 * b * s * c.mc.out_width / c.lay.tp * LOGIT_BYTES  # logits and their gradient
     # Besides the gradients, the larger of two needs that never overlap in the runtime: the
     # backward's activations and logits; the optimizer step's buffers: fp32 copies of the gradient
     # chunks (bf16 weights), then ZeRO-1's all-gather bucket (this rank's chunks and every rank's,
     # dp + 1 chunks). The dp all-reduce adds nothing: the gradients are views of its bucket buffers
     # (parallel/overlap.py; with train.overlap_grad_reduce=false it concatenates one bucket at a
-    # time, at most min(grad_bytes, DP_BUCKET_BYTES), never more than the gather bucket below).
-    fp32_grads = 4 * n_local / c.lay.dp if c.hw.dtype_bytes != 4 else 0.0
-    gather = (1 + c.lay.dp) * min(grad_bytes / c.lay.dp, DP_BUCKET_BYTES) if c.lay.dp > 1 else 0.0
+    # time, at most min(grad_bytes, bucket), never more than the gather bucket below).
+    fp32_grads = 4 * n_local / c.lay.dp if not wide else 0.0
+    gather = (1 + c.lay.dp) * min(grad_bytes / c.lay.dp, bucket) if c.lay.dp > 1 else 0.0
     transient = grad_bytes + max(act + logits, fp32_grads, gather)
     total = (t_mb + dp + opt) * steps
     if shape.recompute_actor and spec.role == "actor" and not spec.value_head:

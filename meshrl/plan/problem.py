@@ -30,7 +30,7 @@ from .hardware_profile import get_hardware
 
 VALUE_HEAD_ROLES = ("critic", "reward")
 TOKEN_BYTES = 4  # int32 token ids and fp32 per-token values between calls
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # train.dtype -> bytes per weight / activation element
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2}  # train.dtype -> bytes per weight / activation element
 SEQ_LEVEL_KEYS = ("scores", "env")  # a few numbers per sequence; every other key is one value per token
 
 

@@ -70,7 +70,10 @@ def _group_plan(problem: Problem, groups: list[list[str]], meshes: list[Mesh], s
         for lay in _shared_layouts(problem, names, mesh.size):
             sub = {n: (mesh, lay) for n in names}
             total = sum(problem.call_estimate(n, CallPlan(mesh, lay)).time_s for n in names)
-            mem = max(problem.call_estimate(n, CallPlan(mesh, lay)).mem_bytes for n in names)
+            # what the group's devices hold together (every role homed there, plus the largest
+            # transient), not one call's need: two trained roles on one mesh add their states
+            part = ExecutionPlan(problem.cluster, {n: CallPlan(m, lay) for n, (m, lay) in sub.items()}, strategy)
+            mem = max(problem.device_memory(part))  # one micro-batch: the most memory
             key = (mem > problem.hw.mem_bytes, total)
             if best_key is None or key < best_key:
                 best, best_key = sub, key
