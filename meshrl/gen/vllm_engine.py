@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..model.config import ModelConfig
+from ..model.hf_config import config_to_hf
 from ..model.generation import GenerationConfig, GenerationOutput
 
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -98,9 +99,10 @@ class VllmGenerator:
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
         self.dtype, self.bucket_bytes = dtype, bucket_bytes
+        self.tied = model_cfg.tie_word_embeddings
         self.loaded_bytes = 0
         self._dir = Path(tempfile.mkdtemp(prefix="meshrl-vllm-"))
-        hf = model_cfg.to_hf_dict()
+        hf = config_to_hf(model_cfg)
         hf["torch_dtype"] = hf["dtype"] = str(dtype).removeprefix("torch.")
         (self._dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         self.cuda = torch.cuda.is_available() and torch.distributed.is_initialized() \
@@ -124,10 +126,18 @@ class VllmGenerator:
         counted = [0]
 
         def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            names: set[str] = set()
+            embed = None
             for bucket in buckets(named, self.dtype, self.bucket_bytes):
                 for name, t in bucket:
                     counted[0] += t.numel() * t.element_size()
+                    names.add(name)
+                    embed = t if name == "model.embed_tokens.weight" else embed
                     yield name, t
+            # A tied lm_head (meshrl's shard map leaves it out) must still reach vLLM's reload: a layer
+            # given no weights keeps its previous tensors (the dummy ones at first), untying the head.
+            if self.tied and "lm_head.weight" not in names and embed is not None:
+                yield "lm_head.weight", embed
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream(),
                                                           "is_checkpoint_format": True})
