@@ -99,6 +99,7 @@ class VllmGenerator:
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
         self.dtype, self.bucket_bytes = dtype, bucket_bytes
+        self.tied = model_cfg.tie_word_embeddings
         self.loaded_bytes = 0
         self._dir = Path(tempfile.mkdtemp(prefix="meshrl-vllm-"))
         hf = config_to_hf(model_cfg)
@@ -125,10 +126,18 @@ class VllmGenerator:
         counted = [0]
 
         def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            names: set[str] = set()
+            embed = None
             for bucket in buckets(named, self.dtype, self.bucket_bytes):
                 for name, t in bucket:
                     counted[0] += t.numel() * t.element_size()
+                    names.add(name)
+                    embed = t if name == "model.embed_tokens.weight" else embed
                     yield name, t
+            # A tied lm_head (meshrl's shard map leaves it out) must still reach vLLM's reload: a layer
+            # given no weights keeps its previous tensors (the dummy ones at first), untying the head.
+            if self.tied and "lm_head.weight" not in names and embed is not None:
+                yield "lm_head.weight", embed
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream(),
                                                           "is_checkpoint_format": True})

@@ -23,9 +23,11 @@ fake CPU tensors of the configured dtype; see docs/dry_run.md).
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from dataclasses import dataclass, field
 
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed import distributed_c10d as c10d
 
 from ..config import Config
@@ -33,19 +35,15 @@ from ..errors import UserError
 from ..model.config import param_shapes
 from ..plan.execution_plan import ExecutionPlan
 from ..plan.steps import Step
-from .collective_audit import RankLedger
-from .fake_exec import Alloc, FakeRank
-from torch._subclasses.fake_tensor import FakeTensorMode
+from ..model.worst_case import worst_case
 from ..parallel import comm
 from ..parallel.groups import GroupCache
-from .engine import Engine
-from .run import make_groups, model_configs, plan_groups
-from ..model.worst_case import worst_case
 from . import transfer
-from .fake_world import Mailbox, Turns, make_world
-import time
-from .collective_audit import audit
-from .fake_world import Hang
+from .collective_audit import RankLedger, audit
+from .engine import Engine
+from .fake_exec import Alloc, FakeRank, fast_tolist
+from .fake_world import Hang, Mailbox, Turns, make_world
+from .run import make_groups, model_configs, plan_groups
 from .symmetry import Classes, classes, compare_members
 
 TIMEOUT_S = 3600.0
@@ -221,7 +219,7 @@ def run_ranks(cfg: Config, plan: ExecutionPlan, ranks: list[int], budgets: dict[
         runs = {r: RankRun(r, ledger=RankLedger(r)) for r in ranks}
         transfer.MAILBOX[0] = Mailbox(turns, lambda r: runs[r].ledger.step, stand_in)
         jobs = {r: (lambda r=r: rank_job(cfg, plan, runs[r], budgets.get(r, {}))) for r in ranks}
-        with worst_case(decode, device="cpu" if cfg.cluster.device == "cpu" else "cuda"), \
+        with worst_case(decode, device="cpu" if cfg.cluster.device == "cpu" else "cuda"), fast_tolist(), \
                 warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             _, errors = turns.run(jobs, on_done)
@@ -287,6 +285,7 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
     simulated = cl.simulated()
     predicted = problem.rank_call_memory(plan)
     budgets = {r: {c: OVER * p[r] for c, p in predicted.items() if r in p} for r in simulated}
+
     def stand_in(r: int) -> int:
         return r if r in simulated else cl.stand_in(r)
 
@@ -295,26 +294,29 @@ def dry_run(cfg: Config, problem, plan: ExecutionPlan, every_rank: bool = False,
             log(f"  simulated rank {r} ({k} of {total}) after {time.perf_counter() - t0:.0f} s")
 
     runs, errors, unread = run_ranks(cfg, plan, simulated, budgets, stand_in, decode, done)
-    failures = []
-    for r, e in sorted(errors.items()):
-        if not isinstance(getattr(e, "__cause__", None), Hang) or len(errors) == 1:
-            failures.append(f"rank {r}: {e}")
-    if errors and not failures:
-        failures.append(str(next(iter(errors.values()))))
-    for s, d, k in unread:
-        failures.append(f"rank {s} sent {k} batch part(s) to rank {d} that rank {d} never received")
     checked, mismatched = audit({r: run.ledger for r, run in runs.items()})
-    failures += [m.message() for m in mismatched]
+    failures = _failures(runs, errors, unread, mismatched, predicted, cl)
+    stand = {r: stand_in(r) for r in range(n)}
+    return DryRun(runs, simulated, stand, predicted, checked, mismatched, failures, time.perf_counter() - t0, decode,
+                  len(cl.members))
+
+
+def _failures(runs: dict[int, RankRun], errors: dict, unread: list, mismatched: list, predicted: dict, cl) -> list[str]:
+    """Everything that fails a dry run, each one line naming ranks and steps: a rank's error (a
+    hang named once), unread transfer parts, mismatched collectives, whole weights and
+    full-vocabulary tensors, calls over budget, and classes whose two simulated members differ."""
+    out = [f"rank {r}: {e}" for r, e in sorted(errors.items())
+           if not isinstance(getattr(e, "__cause__", None), Hang) or len(errors) == 1]
+    if errors and not out:  # every rank hung: one message says who waits for what
+        out.append(str(next(iter(errors.values()))))
+    out += [f"rank {s} sent {k} batch part(s) to rank {d} that rank {d} never received" for s, d, k in unread]
+    out += [m.message() for m in mismatched]
     for run in runs.values():
-        failures += [v.message() for v in run.violations]
-        failures += over_budget(run, predicted)
+        out += [v.message() for v in run.violations] + over_budget(run, predicted)
     for members in cl.members:
         a, b = members[0], members[-1]
         if a != b and a in runs and b in runs:
             why = compare_members(a, b, runs[a].steps, runs[b].steps, runs[a].ledger.ops, runs[b].ledger.ops)
             if why:
-                failures.append(f"symmetry: {why}")
-    stand = {r: stand_in(r) for r in range(n)}
-    return DryRun(runs, simulated, stand, predicted, checked, mismatched, failures, time.perf_counter() - t0, decode,
-                  len(cl.members))
-
+                out.append(f"symmetry: {why}")
+    return out

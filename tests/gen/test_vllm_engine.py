@@ -123,3 +123,20 @@ def test_reloaded_weights_are_the_ones_generating(engine):
     assert max(moved) > 50 * TOL  # the perturbation is visible: the test can fail
     gen.load_weights(model.state_dict().items())
     assert torch.equal(gen.generate(ps, cfg).responses, old.responses)
+
+
+def test_a_tied_head_follows_the_embedding_without_being_sent():
+    """meshrl's shard map has no lm_head.weight for a tied model; the engine must still tie it (vLLM's
+    reload would otherwise keep its dummy head: found on SmolLM2, log-probs ~-10.7 everywhere)."""
+    from meshrl.gen.vllm_engine import VllmGenerator
+
+    cfg = dataclasses.replace(CFG, tie_word_embeddings=True)
+    model = spread(build_model(cfg, seed=2))
+    gen = VllmGenerator(cfg, torch.float32, seed=0, max_len=256)
+    gen.load_weights((k, v) for k, v in model.state_dict().items() if k != "lm_head.weight")
+    ps = prompts(6)
+    g = GenerationConfig(max_new_tokens=8, greedy=True, pad_token_id=256)
+    ours, theirs = generate(model, ps, g), gen.generate(ps, g)
+    gen.close()
+    assert torch.equal(theirs.responses, ours.responses)
+    assert (theirs.response_logprobs - ours.response_logprobs).abs().max() < TOL
