@@ -70,8 +70,8 @@ class TrainConfig:
     seed: int = 1
     threads: int = 0  # torch CPU threads per rank; 0 = auto: $OMP_NUM_THREADS if set, else the usable
     # cores split between the ranks on this machine (meshrl/cores.py; printed at the start of a run)
-    off_policy: int = 0  # 1: generation of iteration t+1 runs while iteration t trains, from weights one
-    # update old (one step off-policy; a disaggregated plan then overlaps generation and training)
+    off_policy: int = 0  # k >= 1: generation of iteration t+k runs while iteration t trains, from weights
+    # k updates old (k steps off-policy; a disaggregated plan then overlaps generation and training)
     save_every: int = 10  # write a checkpoint (OUT/ckpt-*, for --resume) every N iterations and after
     # the last; a resumed run redoes at most N-1 iterations, exactly (saving costs ~0.15 s on the demo)
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or
@@ -127,6 +127,9 @@ class PPOConfig:
     rollout_is: str = "off"  # off | token | sequence: truncated importance weights pi_trainer / pi_engine
     rollout_is_cap: float = 2.0  # the weights' upper bound (TRL's vllm_importance_sampling_cap default)
     rollout_mask_above: float | None = None  # drop sequences whose mean k3 mismatch exceeds this (None: keep all)
+    decoupled: bool = False  # decoupled PPO (AReaL): clip around the proximal policy (the actor before this
+    # iteration's first update, recomputed by the trainer), each token weighted by min(pi_prox / pi_behav,
+    # rollout_is_cap), pi_behav the policy that sampled it (any version: train.off_policy=k)
 
 
 @dataclass

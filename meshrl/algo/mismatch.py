@@ -16,6 +16,16 @@ recomputes them) and ``ppo.rollout_is`` weights each token's policy loss by a tr
 ratio pi_trainer / pi_engine (token: per token; sequence: the product over the response), capped at
 ``ppo.rollout_is_cap``; ``ppo.rollout_mask_above`` gives weight 0 to sequences whose mean k3
 exceeds it. The weights are constants (no gradient) and the loss keeps its normaliser.
+
+Decoupled PPO (``ppo.decoupled``, AReaL's decoupled loss for stale samples) is the same correction
+read the other way: the trainer's log-probs are those of the *proximal* policy pi_prox (the actor
+before the iteration's first update), the engine's those of the *behaviour* policy pi_behav that
+sampled the tokens (k versions old under ``train.off_policy=k``, or another engine):
+
+    L_t = min(pi_prox / pi_behav, cap) * max(-A_t r_t, -A_t clip(r_t, 1 - eps, 1 + eps)),  r_t = pi_theta / pi_prox
+
+so the clip bounds each update's step from pi_prox, and the truncated weight corrects for sampling
+from pi_behav (per token; ``ppo.rollout_is=sequence`` makes it the sequence's product).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import math
 
 import torch
 
+from ..model.numerics import wide
 from .batch import Batch
 from .handles import ModelHandle
 from .kl import kl_estimate
@@ -39,12 +50,13 @@ def trainer_logprobs(h: ModelHandle, data: Batch, dp_index: int, dp_size: int, m
     if lp is None:
         return None
     n = data["response_mask"].shape[1]
-    mine = lp[:, -n:].float() * part["response_mask"]
+    mine = wide(lp[:, -n:]) * part["response_mask"]
     if dp_size == 1 or sum_replicas is None:
         return mine
     full = torch.zeros(len(data), n, dtype=torch.float64)
     full[part.index] = mine.double()
-    return torch.tensor(sum_replicas(full.flatten().tolist()), dtype=torch.float64).view(len(data), n).float()
+    summed = torch.tensor(sum_replicas(full.flatten().tolist()), dtype=torch.float64)
+    return summed.view(len(data), n).to(mine.dtype)
 
 
 def mismatch_metrics(logp_engine: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -92,10 +104,11 @@ def rollout_correction(h: ModelHandle, data: Batch, cfg, dp_index: int, dp_size:
     engine, mask = data["logp_old"], data["response_mask"]
     stats = mismatch_metrics(engine, trainer, mask)
     p = cfg.ppo
-    if cfg.gen.backend != "meshrl":  # only meshrl's engine promises the trainer's own numbers
-        data = data.with_(logp_old=trainer)
-    if p.rollout_is != "off" or p.rollout_mask_above is not None:
-        w = rollout_weights(engine, trainer, mask, p.rollout_is, p.rollout_is_cap, p.rollout_mask_above)
+    if cfg.gen.backend != "meshrl" or p.decoupled:  # only meshrl's engine promises the trainer's own numbers;
+        data = data.with_(logp_old=trainer)  # decoupled PPO clips around the proximal policy, the trainer's
+    mode = "token" if p.decoupled and p.rollout_is == "off" else p.rollout_is  # decoupled: pi_prox / pi_behav
+    if mode != "off" or p.rollout_mask_above is not None:
+        w = rollout_weights(engine, trainer, mask, mode, p.rollout_is_cap, p.rollout_mask_above)
         tokens = float(mask.sum().clamp(min=1))
         stats["rollout/is_weight_mean"] = float(w.sum()) / tokens
         rows = mask.sum(-1) > 0

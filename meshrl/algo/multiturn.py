@@ -183,7 +183,7 @@ def pack(trajs: list[Trajectory], part: Batch, cfg, pad: int) -> dict[str, torch
     ids = torch.full((b, p + n), pad, dtype=torch.long)
     attn = torch.zeros(b, p + n, dtype=torch.long)
     resp = torch.zeros(b, n, dtype=torch.long)
-    logp = torch.zeros(b, n, dtype=torch.float32)
+    logp = torch.zeros(b, n, dtype=torch.float64 if cfg.train.dtype == "float64" else torch.float32)
     turn_len = torch.zeros(b, cfg.env.max_turns, dtype=torch.long)
     for i, t in enumerate(trajs):
         if len(t.prompt) > p:
@@ -193,7 +193,7 @@ def pack(trajs: list[Trajectory], part: Batch, cfg, pad: int) -> dict[str, torch
         ids[i, p - len(t.prompt):p], attn[i, p - len(t.prompt):p] = torch.tensor(t.prompt), 1
         ids[i, p:p + k], attn[i, p:p + k] = torch.tensor(t.ids, dtype=torch.long), 1
         resp[i, :k] = torch.tensor(t.policy, dtype=torch.long)
-        logp[i, :k] = torch.tensor(t.logp, dtype=torch.float32)
+        logp[i, :k] = torch.tensor(t.logp, dtype=logp.dtype)
         turn_len[i, :len(t.turn_len)] = torch.tensor(t.turn_len, dtype=torch.long)
     counts = torch.tensor([[t.counts[c] for c in COUNTS] for t in trajs], dtype=torch.long).view(b, len(COUNTS))
     return {"input_ids": ids, "attention_mask": attn, "response_mask": resp, "logp_old": logp * resp,

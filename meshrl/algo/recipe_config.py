@@ -33,6 +33,8 @@ def validate_recipes(cfg) -> None:
     _one_of("optim.schedule", o.schedule, SCHEDULES)
     _one_of("ppo.rollout_is", p.rollout_is, ("off", "token", "sequence"))
     _one_of("gen.backend", cfg.gen.backend, ("meshrl", "vllm"))
+    if p.decoupled and cfg.algo not in ("ppo", "grpo", "remax", "rloo"):
+        raise UserError(f"ppo.decoupled is a policy-gradient objective; algo={cfg.algo} has no policy loss")
     if not p.rollout_is_cap >= 1.0:
         raise UserError(f"ppo.rollout_is_cap must be >= 1 (weights are truncated from above), got {p.rollout_is_cap}")
     if p.rollout_mask_above is not None and not p.rollout_mask_above > 0.0:

@@ -139,17 +139,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"\ndry run: one iteration of the {chosen} plan on {res.plan.cluster.size} fake ranks ...",
                   flush=True)
         return plan_dry_run.run(cfg, problem, res.plan, args.json, args.dry_run_ranks == "all", args.dry_run_decode)
-    flipped = off_policy_times(problem, results)
+    by_k = off_policy_times(problem, results)
     if args.json:
-        print(json.dumps({"strategies": {n: r.to_dict() for n, r in results.items()}, "search_s": search_s,
+        print(json.dumps({"strategies": {n: {**r.to_dict(), "off_policy": problem.off_policy}
+                                         for n, r in results.items()}, "search_s": search_s,
                           "off_policy": {"train.off_policy": problem.off_policy,
-                                         "iteration_s_with_the_other": flipped}}))
+                                         "iteration_s_by_k": {str(k): v for k, v in by_k.items()}}}))
         return 0
     c = problem.cluster
     print(f"{cfg.algo} on {c.nodes} x {c.devices_per_node} {problem.hw.name} "
           f"({problem.hw.mem_bytes / 2**30:.0f} GiB each); {problem.shape.batch_size} prompts x "
           f"{problem.shape.samples_per_prompt} samples, {problem.shape.prompt_len} + {problem.shape.gen_len} tokens"
-          f"{'; generation one step off-policy (train.off_policy=1)' if problem.off_policy else ''}")
+          + (f"; generation {problem.off_policy} iteration(s) ahead (train.off_policy={problem.off_policy})"
+             if problem.off_policy else ""))
     print(f"\nplan: {chosen}")
     print(plan_table(problem, res.plan))
     print()
@@ -158,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"(search: {steps} steps, seed {args.seed}: {search_s:.1f} s; planning took {cpu_s:.1f} s of CPU time)")
     print()
     print(explain(problem, results, chosen))
-    print(off_policy_line(problem, results, chosen, flipped))
+    print(off_policy_line(problem, by_k))
     for line in wrote:
         print(line)
     if args.validate:
@@ -166,29 +168,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def off_policy_times(problem, results: dict) -> dict[str, float]:
-    """Each strategy's plan priced with train.off_policy flipped (what allowing, or forbidding, one
-    step off-policy generation changes for this cluster; the plans are kept as they are)."""
-
-    other = replace(problem, off_policy=1 - problem.off_policy)
-    return {n: iteration_time(other, r.plan) for n, r in results.items() if r.feasible}
+OFF_POLICY_KS = (0, 1, 2, 4)  # the lags `meshrl plan` prices beside the config's own
 
 
-def off_policy_line(problem, results: dict, chosen: str, flipped: dict[str, float]) -> str:
-    """One line: what train.off_policy=1 would save (or what it saves now) with the chosen plan and
-    with the best plan under each setting."""
-    if chosen not in flipped:
-        return "train.off_policy: the chosen plan does not fit, nothing to compare"
-    now = {n: r.timeline.iteration_s for n, r in results.items() if r.feasible}
-    on, off = (now, flipped) if problem.off_policy else (flipped, now)
-    best_on, best_off = min(on, key=on.get), min(off, key=off.get)
-    saved = 1 - on[best_on] / off[best_off] if off[best_off] > 0 else 0.0
-    if saved < 0.005:  # nothing to hide generation behind (one device, or generation is not the bottleneck)
-        return (f"train.off_policy=1 (generation one step off-policy) would not save time here: best plan "
-                f"{best_off} {off[best_off]:.3g} s on-policy, {best_on} {on[best_on]:.3g} s off-policy")
-    return (f"train.off_policy=1 (generation one step off-policy: the config's choice, it changes results) "
-            f"{'saves' if problem.off_policy else 'would save'} {saved:.0%} of an iteration: best plan "
-            f"{best_on} {on[best_on]:.3g} s against {best_off} {off[best_off]:.3g} s on-policy")
+def off_policy_times(problem, results: dict) -> dict[int, dict[str, float]]:
+    """k -> each feasible strategy's plan priced with train.off_policy=k (generation k iterations
+    ahead), for the config's k and OFF_POLICY_KS; the plans are kept as they are."""
+
+    ks = sorted({*OFF_POLICY_KS, problem.off_policy})
+    return {k: {n: iteration_time(replace(problem, off_policy=k), r.plan) for n, r in results.items() if r.feasible}
+            for k in ks}
+
+
+def off_policy_line(problem, by_k: dict[int, dict[str, float]]) -> str:
+    """One line: the best plan's predicted iteration time at each lag k, and its gain over k = 0."""
+    if not by_k[0]:
+        return "train.off_policy: no strategy's plan fits, nothing to compare"
+    best = {k: min(times.items(), key=lambda kv: kv[1]) for k, times in by_k.items()}
+    base = best[0][1]
+    parts = [f"k={k}{' (this run)' if k == problem.off_policy else ''} {s:.3g} s ({name}"
+             + (f", {base / s:.2f}x" if k else "") + ")" for k, (name, s) in best.items()]
+    head = "train.off_policy=k (generation k iterations ahead, from weights k updates old: the config's " \
+           "choice, it changes results), best plan at each k: "
+    if all(base / s < 1.005 for _, s in best.values()):
+        return head + " | ".join(parts) + "; no lag would save time here"
+    return head + " | ".join(parts)
 
 
 def check_validate(cfg, args: argparse.Namespace) -> None:

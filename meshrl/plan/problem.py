@@ -41,7 +41,7 @@ class Problem:
     shape: RunShape
     hw: Hardware
     cluster: Cluster
-    off_policy: int = 0  # the config's train.off_policy: generation one iteration ahead
+    off_policy: int = 0  # the config's train.off_policy: generation k iterations ahead
     optimistic: bool = False  # unknown reallocation times read as 0 (see realloc_time)
     # roles that hold no weights at run time (a rule reward: no models.reward.path): their calls are
     # still timed as a model's (see docs/planner.md), but they take no memory
@@ -223,8 +223,8 @@ def model_for(spec, role: str) -> ModelConfig:
 
 
 def problem_from_config(cfg, profile: str | None = None, off_policy: int | None = None) -> Problem:
-    """The planning problem of a run config (meshrl.config.Config). ``off_policy``: 1 lets generation
-    run one iteration ahead (one step off-policy); default: the config's ``train.off_policy``."""
+    """The planning problem of a run config (meshrl.config.Config). ``off_policy``: k lets generation
+    run k iterations ahead (k steps off-policy); default: the config's ``train.off_policy``."""
 
     graph = graph_of(cfg)
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}
@@ -236,8 +236,8 @@ def problem_from_config(cfg, profile: str | None = None, off_policy: int | None 
     if dtype in DTYPE_BYTES:  # train.dtype set: weights, gradients and activations in it (auto: the device's)
         hw = dataclasses.replace(hw, dtype_bytes=DTYPE_BYTES[dtype])
     off_policy = cfg.train.off_policy if off_policy is None else off_policy
-    if off_policy not in (0, 1):
-        raise UserError(f"train.off_policy must be 0 or 1, got {off_policy}")
+    if off_policy < 0:
+        raise UserError(f"train.off_policy must be >= 0, got {off_policy}")
     rule = cfg.algo != "rm" and "reward" in models and getattr(cfg.models.reward, "path", None) is None
     return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, off_policy,
                    weightless=("reward",) if rule else ())

@@ -13,11 +13,11 @@ calls on disjoint meshes run at the same time. The simulator prices it (meshrl/p
 - a call's outputs stay on its ranks (one holder per data-parallel replica); ``transfer`` steps
   right after the call move them to every consumer's ranks that do not have them yet, so the
   producer's ranks go on with their next call while the consumers' are busy elsewhere (with
-  ``off_policy=1`` a generation's outputs are handed on at the start of their iteration, before the
-  same ranks generate the next one);
-- with ``off_policy=1`` (the config's ``train.off_policy``: the algorithm's choice, not the plan's)
-  the generation calls of iteration t+1 come before the rest of iteration t, so generation overlaps
-  training and reads weights one update old (one step off-policy).
+  ``off_policy`` > 0 a generation's outputs are handed on at the start of their iteration, before
+  the same ranks generate later ones);
+- with ``off_policy=k`` (the config's ``train.off_policy``: the algorithm's choice, not the plan's)
+  the generation calls of iteration t+k come before the rest of iteration t, so generation overlaps
+  training and reads weights k updates old (k steps off-policy; k = 1: one step).
 
 A call the plan lacks (the search prices partial plans) is a step on no ranks, and the
 reallocations and transfers that would touch it are left out.
@@ -120,45 +120,49 @@ def _call_steps(graph: Graph, plan: ExecutionPlan, c: Call, t: int, homes: dict[
     return out + (_hand_on(graph, plan, c.name, t, have) if hand_on else [])
 
 
-def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, off_policy: int = 0, ahead: bool = False
+def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, off_policy: int = 0, ahead: int = 0
           ) -> list[Step]:
     """The global order of steps of iterations ``start`` .. ``stop - 1`` (see the module doc).
 
-    ``ahead`` (off_policy only): the generation of iteration ``start`` already ran before a checkpoint
-    and its outputs were restored from it, so its steps are left out (resume skips them)."""
+    ``off_policy`` = k: the generation of iteration t+k comes right after iteration t's samples are
+    handed on, before the rest of iteration t, so it reads the weights of k updates before those
+    that train on it (staleness k, fixed by the config: the same schedule of versions on every plan).
+    ``ahead`` (k > 0): how many iterations from ``start`` on had their generation run before a
+    checkpoint, their outputs restored from it; their steps are left out (resume skips them)."""
     if ahead and not off_policy:
-        raise ValueError("ahead: only an off-policy run generates an iteration ahead")
+        raise ValueError("ahead: only an off-policy run generates iterations ahead")
+    if not 0 <= ahead <= off_policy:
+        raise ValueError(f"ahead={ahead}: at most off_policy={off_policy} iterations run ahead")
     homes = home_calls(graph)
     have: dict[tuple[str, int], set[int]] = {}
     gen = _first_generations(graph)
     rest = [c for c in graph.calls if c not in gen]
     out: list[Step] = []
-    async_gen = bool(off_policy)
-    if async_gen and start < stop:
+    for j in range(start, min(start + off_policy, stop)):  # the first k generations, before any training
         for c in gen:
-            first = _call_steps(graph, plan, c, start, homes, have, hand_on=False)  # marks who holds its outputs
-            out += [] if ahead else first
+            first = _call_steps(graph, plan, c, j, homes, have, hand_on=False)  # marks who holds its outputs
+            out += [] if j - start < ahead else first
     for t in range(start, stop):
-        if not async_gen:
+        if not off_policy:
             for c in gen:
                 out += _call_steps(graph, plan, c, t, homes, have)
         else:
-            # Hand this iteration's samples on before the same ranks generate the next ones.
+            # Hand this iteration's samples on before the same ranks generate later ones.
             for g in gen:
                 out += _hand_on(graph, plan, g.name, t, have)
-            if t + 1 < stop:
+            if t + off_policy < stop:
                 for c in gen:
-                    out += _call_steps(graph, plan, c, t + 1, homes, have, hand_on=False)
+                    out += _call_steps(graph, plan, c, t + off_policy, homes, have, hand_on=False)
         for c in rest:
             out += _call_steps(graph, plan, c, t, homes, have)
         out.append(Step("end", t, "", tuple(range(plan.cluster.size))))
     return out
 
 
-def generated_ahead(graph: Graph, off_policy: int, t: int, stop: int) -> list[str]:
-    """The calls of iteration t+1 that ran before the end of iteration t (off-policy: the parentless
-    generation calls, unless t is the last iteration); their outputs are part of t's checkpoint."""
-    return [c.name for c in _first_generations(graph)] if off_policy and t + 1 < stop else []
+def generated_ahead(off_policy: int, t: int, stop: int) -> list[int]:
+    """The iterations whose generation ran before the end of iteration t (off-policy k: t+1 .. t+k,
+    up to the last iteration); their outputs are part of t's checkpoint."""
+    return list(range(t + 1, min(t + off_policy, stop - 1) + 1))
 
 
 def _first_generations(graph: Graph) -> list[Call]:

@@ -3,7 +3,7 @@
     OUT/ckpt-000004/ rank0.safetensors ..   the rectangles of full tensors that each rank writes
                      rank0.json ..          what each rank wrote (key, offsets, sizes)
                      index.json             every key: full shape, dtype, chunks (file, offsets, sizes)
-                     ahead0.pt ..           async generation's state of the next iteration (off-policy)
+                     ahead0.pt ..           async generation's state of the iterations ahead (off-policy)
                      plan.json meta.json    the plan they were written under; iteration, world, format
 
 The state of every role is saved in a layout-independent form (meshrl/runtime/shards.py): keys
@@ -120,9 +120,10 @@ def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels
                     keep: int = 1, ahead: dict | None = None, timeout_s: float = 300.0,
                     hook: Callable[[str, int], None] | None = None) -> Path:
     """Collective over all ranks: write the state after ``iteration``; returns the final directory.
-    ``ahead``: this rank's state of iteration+1 computed already (async generation; given on every
-    rank or on none), restored by ``load_checkpoint``. ``hook("checkpoint", iteration)`` runs
-    between this rank's files and the commit (the tests' kill in mid-save, runtime/faults.py)."""
+    ``ahead``: this rank's state of the later iterations computed already, {iteration: state}
+    (async generation; given on every rank or on none), restored by ``load_checkpoint``.
+    ``hook("checkpoint", iteration)`` runs between this rank's files and the commit (the tests'
+    kill in mid-save, runtime/faults.py)."""
     out = Path(out)
     tmp, final = out / ".ckpt-tmp", out / f"{PREFIX}{iteration:06d}"
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -139,7 +140,7 @@ def save_checkpoint(out: str | Path, iteration: int, roles: dict[str, RoleModels
         (tmp / "index.json").write_text(json.dumps(_index(tmp, world)))
         (tmp / "plan.json").write_text(plan_json)
         meta = {"format": FORMAT, "iteration": iteration, "world": world,
-                "ahead": iteration + 1 if ahead is not None else None}
+                "ahead": sorted(ahead) if ahead is not None else None}
         (tmp / "meta.json").write_text(json.dumps(meta))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -203,9 +204,9 @@ def load_checkpoint(path: str | Path, roles: dict[str, RoleModels], plan_json: s
                     ) -> tuple[int, dict | None]:
     """Restore every role's home state that this rank holds under the current plan (any plan and
     world size), the optimizer's step and the RNG. Returns the saved iteration and the ahead state
-    of the next iteration: ``{"same": bool, "states": [...]}`` with this rank's own saved state
-    when the plan and world are the ones it was written under, else every rank's (resharded by
-    meshrl/runtime/run.py), or None when the checkpoint has none."""
+    of the later iterations: ``{"same": bool, "iterations": [...], "states": [{iteration: state}]}``
+    with this rank's own saved states when the plan and world are the ones it was written under,
+    else every rank's (resharded by meshrl/runtime/ahead.py), or None when the checkpoint has none."""
     path = Path(path)
     meta = check_format(path)
     reader = ShardReader(path)
@@ -227,7 +228,10 @@ def load_checkpoint(path: str | Path, roles: dict[str, RoleModels], plan_json: s
         json.loads(plan_json)["calls"] == json.loads((path / "plan.json").read_text())["calls"]
     ranks = [dist.get_rank()] if same else range(meta["world"])
     states = [torch.load(path / f"ahead{r}.pt", weights_only=False) for r in ranks]
-    return int(meta["iteration"]), {"same": same, "states": states}
+    iterations = meta["ahead"]
+    if isinstance(iterations, int):  # written by one-step-ahead meshrl: one iteration's state per rank
+        iterations, states = [iterations], [{iterations: s} for s in states]
+    return int(meta["iteration"]), {"same": same, "iterations": iterations, "states": states}
 
 
 def export_trained(roles: dict[str, RoleModels], algo: str, out: str | Path, tok=None) -> Path | None:

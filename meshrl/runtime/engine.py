@@ -96,12 +96,12 @@ class Engine:
         self.logs: dict[int, RankLog] = {}
 
     # ---- the walk -------------------------------------------------------------------------
-    def iterate(self, start: int, stop: int, ahead: bool = False) -> Iterator[Finished]:
+    def iterate(self, start: int, stop: int, ahead: int = 0) -> Iterator[Finished]:
         """Walk iterations start..stop-1, yielding each one as it ends: on every rank, with all
         ranks' logs on rank 0. With async generation the next iteration's generation may have run
-        already (its outputs are in ``held``). ``ahead``: iteration start's generation is already in
-        ``held`` (restored from a checkpoint), so it is not run again. Leaving the loop early (a
-        re-plan) leaves the rest of the order unwalked."""
+        already (its outputs are in ``held``). ``ahead``: the generations of this many iterations
+        from ``start`` on are already in ``held`` (restored from a checkpoint), so they are not run
+        again. Leaving the loop early (a re-plan) leaves the rest of the order unwalked."""
         order = steps(self.graph, self.plan, start, stop, self.cfg.train.off_policy, ahead)
         for step in with_evals(order, self.cfg, self.evals, start, stop, dist.get_world_size()):
             if self.rank not in step.ranks:
@@ -229,7 +229,7 @@ class Engine:
             lg.stats.update(stats)
             lg.tokens = float(batch.tokens().sum())
             if call.role == "actor" and self.cfg.algo in RL_ALGOS:
-                lg.stats.update(rollout_metrics(batch, self.cfg))
+                lg.stats.update(rollout_metrics(batch, self.cfg, t))
 
     def _transfer(self, step: Step) -> None:
         t = step.iteration

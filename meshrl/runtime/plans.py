@@ -130,5 +130,5 @@ def plan_table(plan: ExecutionPlan, off_policy: int = 0) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     n = plan.cluster.size
     head = f"plan: {plan.strategy} on {n} rank{'s' if n > 1 else ''} ({plan.cluster.device})" + \
-        (", generation one step off-policy (train.off_policy=1)" if off_policy else "")
+        (f", generation {off_policy} step(s) off-policy (train.off_policy={off_policy})" if off_policy else "")
     return head + "\n" + "\n".join(lines)

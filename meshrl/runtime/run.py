@@ -88,10 +88,10 @@ def model_configs(cfg: Config) -> list:
 
 def build(cfg: Config, plan: ExecutionPlan, out: str | None, start: int, timeout_s: float,
           log: Callable[[str], None], status: Path | None, hook: Callable[[str, int], None] | None = None
-          ) -> tuple[Engine, bool]:
+          ) -> tuple[Engine, int]:
     """This rank's engine for ``plan`` from iteration ``start`` (start > 0: the newest checkpoint in
-    ``out`` read under this plan, whatever plan and world wrote it). Also returns whether the
-    generation of iteration ``start`` ran before the checkpoint (async), so is not run again.
+    ``out`` read under this plan, whatever plan and world wrote it). Also returns for how many
+    iterations from ``start`` on the generation ran before the checkpoint (async), so is not run again.
     ``hook``: the engine's step hook (runtime/faults.py)."""
     kv = {m.num_key_value_heads for m in model_configs(cfg)}
     make_groups(process_cache(timeout_s), plan_groups(plan, kv))
@@ -103,9 +103,7 @@ def build(cfg: Config, plan: ExecutionPlan, out: str | None, start: int, timeout
     saved, early = load_checkpoint(ck, engine.roles, plan.to_json()) if ck is not None else (None, None)
     if saved != start - 1:
         raise RuntimeError(f"rank {dist.get_rank()}: no checkpoint of iteration {start - 1} in {out}")
-    if early is not None:
-        restore_ahead(engine, early, start)
-    return engine, early is not None
+    return engine, restore_ahead(engine, early, start) if early is not None else 0
 
 
 def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0, timeout_s: float = 300.0,

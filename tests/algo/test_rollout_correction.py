@@ -70,3 +70,48 @@ def test_unknown_backend_and_meshrl_anything():
     with pytest.raises(UserError, match="gen.backend='sglang'"):
         check_backend("sglang", "actor_gen", 1, 1, "cpu", None)
     check_backend("meshrl", "actor_gen", 4, 4, "cpu", get_preset("tiny"))
+
+
+def test_decoupled_ppo_loss_by_hand():
+    """AReaL's decoupled objective on two tokens: behaviour policy 0.5 / 0.2 (what sampled them),
+    proximal policy 0.4 / 0.4 (the actor before this update), current 0.6 / 0.3, advantages +1 / -1,
+    eps 0.2, weight cap 2:
+        token 0: w = min(0.4/0.5, 2) = 0.8, r = 0.6/0.4 = 1.5 -> clipped 1.2: 0.8 * max(-1.5, -1.2) = -0.96
+        token 1: w = min(0.4/0.2, 2) = 2,   r = 0.3/0.4 = 0.75 -> 0.8:      2 * max(0.75, 0.8)    = 1.6
+    token mean (-0.96 + 1.6) / 2 = 0.32."""
+    from meshrl.algo.losses import policy_loss
+
+    behav = torch.tensor([[math.log(0.5), math.log(0.2)]])
+    prox = torch.tensor([[math.log(0.4), math.log(0.4)]])
+    theta = torch.tensor([[math.log(0.6), math.log(0.3)]])
+    adv, mask = torch.tensor([[1.0, -1.0]]), torch.tensor([[1, 1]])
+    w = rollout_weights(behav, prox, mask, "token", 2.0, None)
+    assert torch.allclose(w, torch.tensor([[0.8, 2.0]]))
+    loss, _ = policy_loss(theta, prox, adv, mask.float(), 0.2, 2.0, weights=w)
+    assert float(loss) == pytest.approx(0.32, rel=1e-6)
+
+
+def test_decoupled_ppo_clips_around_the_trainer_and_weights_by_the_behaviour_policy():
+    """ppo.decoupled=true on meshrl's engine: the old log-probs become the trainer's recomputed ones
+    (the proximal policy) and every token gets min(pi_prox / pi_behav, cap); without it, meshrl's
+    engine keeps its own log-probs and no weights."""
+    from meshrl.algo.batch import Batch
+    from meshrl.algo.handles import LocalHandle
+    from meshrl.algo.mismatch import rollout_correction
+    from meshrl.config import load_config
+    from meshrl.model import build_model
+
+    model = build_model("tiny", seed=0).eval()
+    ids = torch.randint(3, 200, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    stale = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -4.0, 0.0]])  # what an older policy gave
+    data = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": mask, "logp_old": stale})
+    h = LocalHandle(model)
+    cfg = load_config(None, ["algo=grpo", "ppo.decoupled=true", "ppo.rollout_is_cap=3"])
+    got, stats = rollout_correction(h, data, cfg, 0, 1, 1, None)
+    prox = h.logprobs(ids, torch.ones_like(ids), 1)[:, -3:] * mask
+    assert torch.allclose(got["logp_old"], prox)
+    assert torch.allclose(got["is_weight"], torch.exp(prox - stale).clamp(max=3.0) * mask)
+    assert stats["rollout/logp_diff_max"] > 0.1
+    plain, _ = rollout_correction(h, data, load_config(None, ["algo=grpo"]), 0, 1, 1, None)
+    assert torch.equal(plain["logp_old"], stale) and "is_weight" not in plain

@@ -33,26 +33,32 @@ def test_plan_json_schema(capsys):
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"strategies", "search_s", "off_policy"} and data["search_s"] > 0
     assert set(data["strategies"]) == set(NAMES)
-    # what train.off_policy=1 would change: every feasible strategy's plan priced with it
+    # what each lag k would change: every feasible strategy's plan priced with train.off_policy=k
     assert data["off_policy"]["train.off_policy"] == 0
-    other = data["off_policy"]["iteration_s_with_the_other"]
-    assert set(other) == {n for n, e in data["strategies"].items() if e["feasible"]}
-    assert all(other[n] <= data["strategies"][n]["iteration_s"] * (1 + 1e-9) for n in other)
+    by_k = data["off_policy"]["iteration_s_by_k"]
+    assert set(by_k) == {"0", "1", "2", "4"}
+    for k in ("1", "2", "4"):
+        assert set(by_k[k]) == {n for n, e in data["strategies"].items() if e["feasible"]}
+        assert all(by_k[k][n] <= by_k["0"][n] * (1 + 1e-9) for n in by_k[k])  # a lag never costs time
+    assert all(abs(by_k["0"][n] - data["strategies"][n]["iteration_s"]) < 1e-9 for n in by_k["0"])
     for entry in data["strategies"].values():
-        assert set(entry) == {"iteration_s", "pflops", "peak_mem_gib", "feasible", "plan"}
+        assert set(entry) == {"iteration_s", "pflops", "peak_mem_gib", "feasible", "plan", "off_policy"}
+        assert entry["off_policy"] == 0
         assert entry["iteration_s"] > 0 and entry["pflops"] > 0 and isinstance(entry["feasible"], bool)
         assert "calls" in entry["plan"]
     feasible = [e["iteration_s"] for n, e in data["strategies"].items() if e["feasible"] and n != "search"]
     assert data["strategies"]["search"]["iteration_s"] <= min(feasible) * (1 + 1e-9)
 
 
-def test_plan_reports_what_off_policy_would_save(capsys):
-    """The table run names the saving of one step off-policy; a plan option can no longer set it."""
+def test_plan_reports_what_each_lag_would_save(capsys):
+    """The table run prices k = 0, 1, 2, 4 iterations of lag and names the config's own."""
     assert main(["plan", *BASE, "--strategy", "disaggregated"]) == 0
     out = capsys.readouterr().out
-    assert "train.off_policy=1" in out and "would save" in out
-    assert main(["plan", *BASE, "train.off_policy=1", "--strategy", "disaggregated"]) == 0
-    assert "saves" in capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("train.off_policy=k"))
+    assert "k=0 (this run)" in line and "k=1 " in line and "k=2 " in line and "k=4 " in line and "x)" in line
+    assert main(["plan", *BASE, "train.off_policy=2", "--strategy", "disaggregated"]) == 0
+    out = capsys.readouterr().out
+    assert "k=2 (this run)" in out and "2 iteration(s) ahead (train.off_policy=2)" in out
 
 
 def test_one_strategy(capsys):
@@ -234,4 +240,4 @@ def test_bare_plan_prices_the_demo_as_it_trains(capsys):
     assert main(["plan"]) == 0
     out = capsys.readouterr().out
     assert "64 prompts x 1 samples" in out
-    assert "-0%" not in out and "would not save time here" in out
+    assert "-0%" not in out and "no lag would save time here" in out

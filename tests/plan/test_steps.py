@@ -11,7 +11,7 @@ from meshrl.algo.graph import graph_for
 from meshrl.config import load_config
 from meshrl.plan.problem import problem_from_config
 from meshrl.plan.strategies import build
-from meshrl.plan.steps import steps
+from meshrl.plan.steps import generated_ahead, steps
 
 from runtime.runtime_util import random_plan
 
@@ -61,6 +61,37 @@ def test_resume_after_an_async_checkpoint_skips_the_generation_made_ahead():
     assert steps(problem.graph, plan, 1, 3, 1)[:2] != after[:2]  # without ahead it generates 1 again
     with pytest.raises(ValueError, match="only an off-policy run"):
         steps(problem.graph, plan, 1, 3, 0, ahead=True)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_k_steps_off_policy_generates_k_iterations_ahead(k):
+    """train.off_policy=k: generation of t+k comes before iteration t's training, so it reads the
+    weights of k updates earlier; the first k generations come first, none past the last iteration."""
+    _, problem = _problem("ppo", off_policy=k)
+    plan = build(problem, "disaggregated")
+    n = k + 3
+    names = [(s.name, s.iteration) for s in steps(problem.graph, plan, 0, n, off_policy=k)]
+    first_train = names.index(("actor_train", 0))
+    assert all(names.index(("actor_gen", j)) < first_train for j in range(k + 1))
+    for t in range(n - k):
+        assert names.index(("actor_gen", t + k)) < names.index(("actor_train", t))
+        if t:  # and after the update before it: k updates old, not more
+            assert names.index(("actor_train", t - 1)) < names.index(("actor_gen", t + k))
+    assert sorted(j for name, j in names if name == "actor_gen") == list(range(n))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_resume_skips_every_generation_made_ahead(k):
+    """Resuming at iteration 2 from the checkpoint of 1 (which holds the batches of 2 .. 1+k): the
+    run continues with exactly the steps the uninterrupted run had after the end of iteration 1."""
+    _, problem = _problem("ppo", off_policy=k)
+    plan = build(problem, "disaggregated")
+    whole = steps(problem.graph, plan, 0, 6, k)
+    after = whole[whole.index(next(s for s in whole if s.kind == "end" and s.iteration == 1)) + 1:]
+    assert steps(problem.graph, plan, 2, 6, k, ahead=k) == after
+    assert generated_ahead(k, 1, 6) == list(range(2, 2 + k))
+    with pytest.raises(ValueError, match="at most"):
+        steps(problem.graph, plan, 2, 6, k, ahead=k + 1)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])

@@ -69,14 +69,15 @@ def _final_params(out: Path) -> dict[str, torch.Tensor]:
     return {k: reader.full(k) for k in reader.index["tensors"]}
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "async2"])
 @pytest.mark.parametrize("trial", range(int(os.environ.get("MESHRL_RESUME_TRIALS", "2"))))
 def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factory, trial, mode):
     """``async`` (train.off_policy=1): the checkpoint after iteration t also holds the batch of t+1
-    generated during t (from weights one update old); resume must use it, not generate it again."""
+    generated during t (from weights one update old); resume must use it, not generate it again.
+    ``async2`` (train.off_policy=2): it holds the batches of t+1 and t+2."""
     base = tmp_path_factory.getbasetemp()
     plan = "disaggregated"
-    cfg = ["train.off_policy=1"] if mode == "async" else []
+    cfg = {"sync": [], "async": ["train.off_policy=1"], "async2": ["train.off_policy=2"]}[mode]
     ref_dir = base / f"uninterrupted-{mode}"
     if not ref_dir.exists():
         proc = _start(ref_dir, cfg, {}, plan)
@@ -107,7 +108,7 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
     done = sorted(p for p in os.listdir(out) if p.startswith("ckpt-")) if out.exists() else []
     meta = json.loads((out / done[-1] / "meta.json").read_text()) if done else {}
     print(f"{mode} trial {trial}: SIGKILL after {delay:.1f} s; newest checkpoint: {done[-1] if done else 'none'}"
-          f"{' (with iteration %d generated ahead)' % meta['ahead'] if meta.get('ahead') else ''}")
+          f"{' (with iterations %s generated ahead)' % meta['ahead'] if meta.get('ahead') else ''}")
     proc = _start(out, cfg + ["--resume"], {}, plan)  # the same command + --resume, whenever it was killed
     text, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, text

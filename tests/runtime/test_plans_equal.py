@@ -91,11 +91,14 @@ ENGINE_MISMATCH_BF16 = 0.05
 
 
 def comparable(record: dict, bound: float = ENGINE_MISMATCH) -> dict:
-    """The figures every plan must reproduce; asserts meshrl's engine's rollout mismatch is ~0."""
+    """The figures every plan must reproduce; asserts meshrl's engine's rollout mismatch is ~0 where
+    the batch is on-policy. A stale batch (train.off_policy: rollout/staleness_max > 0) was sampled by
+    an older policy than the trainer's, so its mismatch is real: compared between plans like the rest."""
     out = deterministic_part(record)
-    for k in MISMATCH:
-        if k in out:
-            assert 0.0 <= out.pop(k) < bound, f"{k} = {record[k]}: meshrl's engine and trainer disagree"
+    if record.get("rollout/staleness_max", 0.0) == 0.0:
+        for k in MISMATCH:
+            if k in out:
+                assert 0.0 <= out.pop(k) < bound, f"{k} = {record[k]}: meshrl's engine and trainer disagree"
     return {k: v for k, v in out.items() if not k.startswith(PLAN_FIGURES)}
 
 
@@ -165,20 +168,22 @@ def test_moe_actor_with_balance_loss_is_plan_invariant(pool):
 
 MULTITURN = ["algo=grpo", "data.batch_size=4", "data.samples_per_prompt=2",
              f"env.fn={Path(__file__).parents[1] / 'algo' / 'count_env.py'}:CountEnv", "env.max_turns=3",
-             "env.max_tokens=24", "optim.lr=5e-4"]  # the demo lr moves this policy by approx KL 1.3 a step
+             "env.max_tokens=24", "optim.lr=5e-4", "ppo.mini_batches=1"]  # the demo lr moves this policy by
+# approx KL 1.3 a step; one optimizer step an iteration (after two, Adam's amplification of summation-
+# order noise in near-zero gradient elements reached 4e-4 of a loss on some starting points)
 
 
 def test_multi_turn_grpo_is_plan_invariant(pool):
     """Multi-turn GRPO (tests/algo/count_env.py: three turns, observations rendered between them,
     tool metrics) under three plans, the generation call on its own mesh (disaggregated), split
-    over dp (interleaved) and sharded over tp and pp (a random plan), gives the one-process
-    oracle's metrics, env/* included."""
-    cfg = load_config(None, MULTITURN + COMMON)
+    over dp (interleaved) and the heuristic's layouts, gives the one-process oracle's metrics,
+    env/* included."""
+    cfg = load_config(None, COMMON + MULTITURN)
     torch.set_num_threads(1)
     want = one_process_metrics(cfg)
     assert want[0]["env/turns_mean"] > 1 and "env/tool_calls" in want[0] and want[0]["reward/std"] > 0
     plans = plans_for(cfg)
-    for name in ("interleaved", "disaggregated", "random1"):
+    for name in ("interleaved", "disaggregated", "heuristic"):
         got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
         assert_same(want, got, f"multiturn/{name}")
 

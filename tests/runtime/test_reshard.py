@@ -122,7 +122,7 @@ def test_four_ranks_heuristic_resumes_on_two_ranks_colocated(tmp_path, capsys, m
         assert main(["train", *args, "--out", str(tmp_path / "a"), "--no-progress"]) == 1
         monkeypatch.delenv("MESHRL_FAULT")
         ck = latest_checkpoint(tmp_path / "a")
-        assert json.loads((ck / "meta.json").read_text())["ahead"] == 2 and (ck / "ahead3.pt").is_file()
+        assert json.loads((ck / "meta.json").read_text())["ahead"] == [2] and (ck / "ahead3.pt").is_file()
     _run(tmp_path / "a", 4, cfg + ["--nprocs", "2", "--plan", "colocated", "--resume"])
     printed = capsys.readouterr().out
     assert "resuming from" in printed and "at iteration 2" in printed
