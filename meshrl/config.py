@@ -40,15 +40,14 @@ class ModelsConfig:
 class DataConfig:
     prompt_len: int = 16  # maximum prompt tokens
     gen_len: int = 16  # maximum generated tokens per response
-    # Planner only: expected response length, and expected longest response of a generation batch
-    # (None: every response runs to gen_len); `meshrl plan --lengths-from OUT/` reads both from a run.
-    gen_len_mean: float | None = None
-    gen_len_longest: float | None = None
-    # Planner only, multi-turn (env.fn): expected policy turns per trajectory and observation tokens
-    # per turn (None: every trajectory runs env.max_turns turns, observations cost nothing);
-    # `meshrl plan --lengths-from OUT/` reads both from a run (env/turns_mean, env/obs_length).
-    turns_mean: float | None = None
-    obs_len_mean: float | None = None
+    gen_len_mean: float | None = None  # planner only: expected response length (None: every response runs
+    # to gen_len); `meshrl plan --lengths-from OUT/` reads it from a run
+    gen_len_longest: float | None = None  # planner only: expected longest response of a generation batch
+    # (None: gen_len); `meshrl plan --lengths-from OUT/` reads it from a run
+    turns_mean: float | None = None  # planner only, multi-turn (env.fn): expected policy turns per
+    # trajectory (None: env.max_turns); `meshrl plan --lengths-from OUT/` reads it (env/turns_mean)
+    obs_len_mean: float | None = None  # planner only, multi-turn: expected observation tokens per turn
+    # (None: observations cost nothing); `meshrl plan --lengths-from OUT/` reads it (env/obs_length)
     batch_size: int = 32  # prompts per iteration (sft: sequences per step; rm/dpo: pairs per step)
     samples_per_prompt: int = 1  # responses sampled per prompt; grpo/rloo need >= 2, and 1 means 4 there
     path: str | None = None  # JSONL dataset; None = the built-in demo task
@@ -123,8 +122,8 @@ class PPOConfig:
     whiten_advantages: bool = True  # PPO: whiten GAE advantages over the mini-batch
     normalize_rewards: bool = False  # PPO/ReMax: whiten sequence scores over the iteration's batch
     grpo_std: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO style)
-    # Rollout correction (docs/algorithms.md): the engine's sampling log-probs against the trainer's
-    rollout_is: str = "off"  # off | token | sequence: truncated importance weights pi_trainer / pi_engine
+    rollout_is: str = "off"  # rollout correction (docs/algorithms.md): off | token | sequence: truncated
+    # importance weights pi_trainer / pi_engine
     rollout_is_cap: float = 2.0  # the weights' upper bound (TRL's vllm_importance_sampling_cap default)
     rollout_mask_above: float | None = None  # drop sequences whose mean k3 mismatch exceeds this (None: keep all)
     decoupled: bool = False  # decoupled PPO (AReaL): clip around the proximal policy (the actor before this

@@ -12,7 +12,7 @@ runs between fork and exec in this possibly multi-threaded process):
 - output: stdout and stderr go to files capped by RLIMIT_FSIZE (``output_bytes``): a flood gets
   SIGXFSZ and at most that many bytes are ever read back;
 - wall clock (``timeout_s``): a tool that sleeps or blocks is killed with its process group;
-- it starts in a new session (its own process group) in an empty temporary directory, with
+- it starts in a process group of its own (setsid) in an empty temporary directory, with
   OMP_NUM_THREADS=1.
 
 Each outcome is one line the policy can read: "error: timed out after 5 s", "error: output over
@@ -49,7 +49,7 @@ class Limits:
                 raise UserError(f"tool limit {name} must be > 0, got {getattr(self, name)}")
 
 
-# Runs in the child: set the limits, start a new session, then become the tool.
+# Runs in the child: set the limits, call setsid (a process group of its own), then become the tool.
 _LAUNCH = """
 import os, resource, sys
 lim = {lim}

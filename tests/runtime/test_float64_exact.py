@@ -96,3 +96,21 @@ def test_two_steps_off_policy_gives_the_same_figures_under_every_plan(pool):
         worst, where = worst_diff(want, got)
         print(f"off_policy=2 {name} vs colocated: worst scaled difference {worst:.1e} ({where})")
         assert worst <= EXACT, where
+
+
+@pytest.mark.parametrize("algo", ["sft", "rm", "dpo"])
+def test_offline_algorithms_give_the_one_process_figures_to_1e9(algo):
+    """SFT, reward-model and DPO training on 2 ranks under test_offline_plans.py's other plan (tp=2;
+    dp=2 with 2 micro-batches; the reference on its own rank) against the one-process oracle."""
+    from test_offline_plans import COMMON as OFFLINE, EVAL, other_plan
+    from oracle import one_process_run
+
+    cfg = load_config(None, [f"algo={algo}", *OFFLINE, "train.dtype=float64"])
+    torch.set_num_threads(1)
+    want = one_process_run(cfg)[0]
+    with RankPool(2, timeout=300, env={"OMP_NUM_THREADS": "1"}) as pool2:
+        got = pool2.run(rank_main, cfg, other_plan(cfg), None, quiet=True)[0]
+    got = [{k: v for k, v in r.items() if k not in EVAL[algo]} for r in got]  # the runtime's evaluations
+    worst, where = worst_diff(want, got)
+    print(f"{algo}: worst scaled difference {worst:.1e} ({where})")
+    assert worst <= EXACT, where

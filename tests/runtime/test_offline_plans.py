@@ -6,7 +6,10 @@ heuristic, tp=2; RM: a hand-made dp=2 plan with 2 micro-batches, so that pairs a
 replicas and ZeRO shards the score head's faster learning rate; DPO: interleaved, the reference on
 one rank and the actor on the other, so ref_inf's outputs are transferred) agree with
 the oracle on every figure of its calls (sft/*, rm/*, dpo/*: loss, accuracy, margin, grad_norm)
-to a relative difference of 1e-5, taken against max(|a|, |b|, 0.1) as in test_plans_equal.py. The
+to a relative difference of 1e-5 in the first iteration and 1e-4 after it (figures measured on
+weights Adam moved: test_plans_equal.py's rule; measured rm/dp2 reward/mean 6.5e-5 at iteration 1),
+taken against max(|a|, |b|, 0.1) as in test_plans_equal.py; the same runs in float64 agree to 1e-9
+(test_float64_exact.py). The
 runtime adds its evaluations (meshrl/algo/evaluate.py: reward/mean of a sampled answer for sft and
 dpo, rm/heldout_accuracy), equal under both plans.
 """
@@ -28,6 +31,7 @@ from meshrl.runtime.launch import RankPool
 from meshrl.runtime.plans import check_plan, resolve_plan
 from meshrl.runtime.run import rank_main
 from oracle import one_process_run
+from test_plans_equal import STEP_RTOL
 
 WORLD, RTOL, FLOOR = 2, 1e-5, 0.1
 COMMON = ["data.batch_size=8", "data.gen_len=6", "train.iterations=2", "sft.steps=5", "sft.batch_size=8",
@@ -73,7 +77,8 @@ def test_offline_algorithms_give_the_single_process_metrics(algo, pool, tmp_path
             for k in a:
                 d = abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), FLOOR)
                 worst, where = (d, f"{k} at iteration {a['iteration']}") if d > worst else (worst, where)
-                assert d <= RTOL, f"{algo}/{plan.strategy} iteration {a['iteration']}: {k} {a[k]} vs {b[k]}"
+                bound = RTOL if a["iteration"] == 0 else STEP_RTOL
+                assert d <= bound, f"{algo}/{plan.strategy} iteration {a['iteration']}: {k} {a[k]} vs {b[k]}"
         print(f"{algo} {plan.strategy}: worst scaled diff {worst:.1e} ({where})")
     n = len(want)
     for e0, e1 in zip(evals[:n], evals[n:], strict=True):  # the evaluations agree under both plans

@@ -9,17 +9,17 @@ the same numbers too) every plan agrees with the colocated one, and differs from
 Every non-timing figure agrees relative to max(|a|, |b|, 0.1) (figures that are zero up to rounding,
 like the KL at iteration 0 ~1e-7, are held to an absolute bound instead of a meaningless relative
 one) within its kind's bound (``kind``; docs/runtime.md, "Determinism", has the mechanism):
-- 1e-5 for what the rollouts and evaluations measure (rewards, KL to the ref, lengths, eval/*);
-- 1e-4 for the train calls' statistics (losses, clip fractions, approx KL): they are measured on
-  weights the call's own Adam steps just moved, and each Adam step turns summation-order noise in
-  near-zero gradient elements into differences of up to ~1e-3 of those elements' update;
+- 1e-5 for what iteration 0's rollouts and evaluations measure (rewards, KL to the ref, lengths,
+  eval/*): the same weights under every plan, forward passes in other summation orders;
+- 1e-4 for the train calls' statistics (losses, clip fractions, approx KL), and for the rollout
+  figures of later iterations: both are measured on weights the Adam steps moved, and each Adam
+  step turns summation-order noise in near-zero gradient elements into differences of up to ~1e-3
+  of those elements' update (measured: kl/k3 of grpo/random2 at iteration 1, 3.5e-5);
 - 3e-4 for the gradient norms, which one sharp sequence in a batch can make tens of times more
   sensitive to those weight differences than the losses.
-Measured worst (here and in test_recipes_plans.py): rollout figures 5.4e-6, statistics 3.8e-5
-(recipes PPO, random plan, actor/approx_kl at iteration 1), gradient norms 1.0e-4 (random2,
-actor/grad_norm at iteration 2). Before the 2026-11-30 integration one bound of 1e-5 held (worst
-7.6e-6): the gen branch's final sampler (9ba36c0) draws other tokens, and its iteration-2 batch
-holds the sharp sequence; main's one-process PPO figures are bit-identical to 9ba36c0's.
+These float32 bounds say how far rounding carries, not that the plans compute the same thing; that
+is checked exactly in float64 (tests/runtime/test_float64_exact.py: every figure of three plans,
+a resharded resume and k = 2 off-policy to 1e-9, measured worst ~1e-10).
 
 The demo is made small but not degenerate: a short SFT warm-up and the dense numeric_distance
 rule give non-zero rewards, so advantages carry signal (with all-zero rewards the whitened
@@ -73,11 +73,12 @@ def plans_for(cfg) -> dict[str, ExecutionPlan]:
     return out
 
 
-def kind(key: str) -> str:
-    """Which bound a figure is held to: 'grad_norm', 'step' (actor/*, critic/*) or 'rollout'."""
+def kind(key: str, iteration: int = 0) -> str:
+    """Which bound a figure is held to: 'grad_norm', 'step' (actor/*, critic/*, and every figure of
+    an iteration after the first: measured on weights Adam moved) or 'rollout'."""
     if key.endswith("grad_norm"):
         return "grad_norm"
-    return "step" if key.startswith(("actor/", "critic/")) else "rollout"
+    return "step" if key.startswith(("actor/", "critic/")) or iteration > 0 else "rollout"
 
 
 # weight_sync/bytes describes the plan (what reallocation moved), not the run's results; the rollout
@@ -113,8 +114,9 @@ def assert_same(want: list[dict], got: list[dict], label: str, grad_norm_rtol: f
         assert sorted(a) == sorted(b), f"{label}: keys differ: {sorted(set(a) ^ set(b))}"
         for k in a:
             d = abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), FLOOR)
-            worst[kind(k)] = max(worst[kind(k)], d)
-            assert d <= bounds[kind(k)], \
+            what = kind(k, a["iteration"])
+            worst[what] = max(worst[what], d)
+            assert d <= bounds[what], \
                 f"{label} iteration {a['iteration']}: {k} {a[k]} vs {b[k]} (scaled diff {d:.2e})"
     print(f"{label}: worst scaled diff " + ", ".join(f"{n} {w:.1e}" for n, w in worst.items()))
     return max(worst.values())
