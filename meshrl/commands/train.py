@@ -156,7 +156,7 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
     """``--plan``: a strategy that can place this run, or a plan file that exists, parses and fits it,
     checked before anything is written (a refused start leaves no run behind in --out); under torchrun
     the world is the job's. A search is run by the job itself (it can take a while)."""
-    spec = spec or "colocated"
+    spec = "colocated" if spec is None else spec  # an empty --plan is a slip, not the default
     if spec == "search":
         return
     if spec not in BUILDERS and not Path(spec).is_file():
