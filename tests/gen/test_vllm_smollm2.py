@@ -24,11 +24,8 @@ PROMPTS, NEW_TOKENS = 32, 64
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    spec = importlib.util.spec_from_file_location("smollm2_prepare", EXAMPLE / "prepare.py")
-    prep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prep)
-    return prep.prepare(tmp_path_factory.mktemp("smollm2"))
+def ckpt(smollm2_checkpoint) -> Path:
+    return smollm2_checkpoint  # tests/conftest.py: prepared once for every test that needs it
 
 
 def test_greedy_completions_agree_on_90_percent(ckpt):
