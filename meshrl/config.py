@@ -71,6 +71,10 @@ class TrainConfig:
     # cores split between the ranks on this machine (meshrl/cores.py; printed at the start of a run)
     off_policy: int = 0  # k >= 1: generation of iteration t+k runs while iteration t trains, from weights
     # k updates old (k steps off-policy; a disaggregated plan then overlaps generation and training)
+    stream_steps: int = 0  # S >= 1 (needs off_policy=k >= 1): streaming generation with partial rollouts;
+    # each batch is admitted k versions before it trains, decoded S tokens per version, its sequences
+    # in flight continuing under each new version's weights, and finished at the bound (the version
+    # before it trains); every token records its version (meshrl/plan/stream.py). 0: whole batches
     save_every: int = 10  # write a checkpoint (OUT/ckpt-*, for --resume) every N iterations and after
     # the last; a resumed run redoes at most N-1 iterations, exactly (saving costs ~0.15 s on the demo)
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or
@@ -244,6 +248,26 @@ class Config:
             if val is not None and not 1 <= val <= self.data.gen_len:
                 raise UserError(f"data.{key}={val} must be between 1 and data.gen_len={self.data.gen_len}")
         check_ranges(self)  # every other key's range (meshrl/config_checks.py)
+        self._check_streaming()
+
+    def _check_streaming(self) -> None:
+        """train.stream_steps: partial rollouts of meshrl's engine, single-turn RL, under off_policy >= 1."""
+        s = self.train.stream_steps
+        if not s:
+            return
+        why = None
+        if self.train.off_policy == 0:
+            why = "it needs train.off_policy=k >= 1 (the versions a batch is streamed over)"
+        elif self.algo not in ("ppo", "grpo", "remax", "rloo"):
+            why = f"algo={self.algo} generates nothing"
+        elif self.gen.backend != "meshrl":
+            why = (f"partial rollouts need gen.backend=meshrl (gen.backend={self.gen.backend}: continuing a "
+                   "sequence under new weights at a fixed decode step is not built for it); use "
+                   "train.stream_steps=0, whole batches k versions old")
+        elif self.env.fn:
+            why = "multi-turn rollouts (env.fn) are generated whole; use train.stream_steps=0"
+        if why:
+            raise UserError(f"train.stream_steps={s}: {why}")
 
 
 def _field_types(cls) -> dict[str, object]:
