@@ -69,8 +69,10 @@ class TrainConfig:
     seed: int = 1
     threads: int = 0  # torch CPU threads per rank; 0 = auto: $OMP_NUM_THREADS if set, else the usable
     # cores split between the ranks on this machine (meshrl/cores.py; printed at the start of a run)
-    off_policy: int = 0  # k >= 1: generation of iteration t+k runs while iteration t trains, from weights
-    # k updates old (k steps off-policy; a disaggregated plan then overlaps generation and training)
+    off_policy: int | str = 0  # k >= 1: generation of iteration t+k runs while iteration t trains, from
+    # weights k updates old (k steps off-policy; a disaggregated plan then overlaps generation and
+    # training); auto: the planner picks k <= off_policy_max with the plan, when the run starts
+    off_policy_max: int = 4  # train.off_policy=auto: the largest lag the planner may choose
     save_every: int = 10  # write a checkpoint (OUT/ckpt-*, for --resume) every N iterations and after
     # the last; a resumed run redoes at most N-1 iterations, exactly (saving costs ~0.15 s on the demo)
     timeout: float = 300.0  # runtime (--nprocs / torchrun): seconds any collective, transfer or
@@ -226,6 +228,9 @@ class Config:
                 raise UserError(f"cluster.{name} must be >= 1, got {getattr(self.cluster, name)}")
         if self.algo in ("grpo", "rloo") and self.data.samples_per_prompt == 1:
             self.data.samples_per_prompt = 4  # a group of one has no baseline; 4 is the default
+        lag = self.train.off_policy
+        if (isinstance(lag, str) and lag != "auto") or (isinstance(lag, int) and lag < 0):
+            raise UserError(f"train.off_policy={lag!r} must be a whole number >= 0 or auto")
         if self.train.dtype not in ("auto", "float32", "bfloat16", "float64"):
             raise UserError(f"train.dtype={self.train.dtype!r} is not one of auto, float32, bfloat16, float64")
         if self.ppo.kl_mode not in ("auto", "reward", "loss"):
@@ -257,7 +262,12 @@ def _coerce(value: object, tp: object, key: str) -> object:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
-        return _coerce(value, args[0], key)
+        for tp_i in args[:-1]:  # int | str: a number where it reads as one, else the word
+            try:
+                return _coerce(value, tp_i, key)
+            except UserError:
+                continue
+        return _coerce(value, args[-1], key)
     try:
         if tp is bool:
             if isinstance(value, str):

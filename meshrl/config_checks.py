@@ -19,7 +19,7 @@ from .errors import UserError
 RANGES: dict[str, tuple[float, bool, float | None]] = {
     "train.iterations": (1, True, None), "train.threads": (0, True, None), "train.save_every": (1, True, None),
     "train.timeout": (0, False, None),
-    "train.seed": (0, True, None), "train.off_policy": (0, True, None), "train.grad_bucket_mb": (0, False, None),
+    "train.seed": (0, True, None), "train.off_policy_max": (0, True, None), "train.grad_bucket_mb": (0, False, None),
     "optim.lr": (0, False, None), "optim.critic_lr": (0, False, None), "optim.weight_decay": (0, True, None),
     "optim.grad_clip": (0, True, None),
     "ppo.clip": (0, False, None), "ppo.value_clip": (0, False, None), "ppo.gamma": (0, True, 1.0),
