@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..plan.search import DEFAULT_STEPS
 from ..plan.fallback import planning_config
 from ..plan.problem import problem_from_config
-from ..plan.report import NAMES, comparison_table, compare, explain, plan_table
+from ..plan.report import NAMES, comparison_table, compare, compile_line, explain, plan_table
 from .train import run_config, split_items
 from ..plan.lengths import apply_lengths
 from dataclasses import replace
@@ -155,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
           f"{problem.shape.samples_per_prompt} samples, {problem.shape.prompt_len} + {problem.shape.gen_len} tokens"
           + (f"; generation {problem.off_policy} iteration(s) ahead (train.off_policy={problem.off_policy})"
              if problem.off_policy else ""))
+    if note := compile_line(problem):
+        print(note)
     print(f"\nplan: {chosen}")
     print(plan_table(problem, res.plan))
     print()
