@@ -44,16 +44,18 @@ class Range:
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = dataclasses.MISSING,
             at_least: float | None = None, above: float | None = None, at_most: float | None = None,
-            below: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
+            below: float | None = None, choices: tuple[str, ...] | None = None, unit: str = "",
+            why: str = "") -> Any:
     """A config field: ``setting(16, "maximum prompt tokens", at_least=1)``. ``help`` is required
     (every key is documented where it is declared); the bounds and choices are checked by
-    :func:`check_fields` when the config is validated."""
+    :func:`check_fields` when the config is validated, whose message names the bound's ``unit``
+    and ``why`` the bound holds, where given."""
     if not help.strip():
         raise ValueError("every config setting needs its help text")
     lo, lo_ok = (at_least, True) if at_least is not None else (above, False)
     hi, hi_ok = (at_most, True) if at_most is not None else (below, False)
     bounds = Range(lo, lo_ok, hi, hi_ok) if lo is not None or hi is not None else None
-    meta = {"help": " ".join(help.split()), "range": bounds, "choices": choices}
+    meta = {"help": " ".join(help.split()), "range": bounds, "choices": choices, "unit": unit, "why": why}
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -119,7 +121,10 @@ def check_fields(section: object, name: str) -> None:
             raise UserError(f"config key {key} must be a finite number, got {v}")
         bounds, choices = value_range(f), value_choices(f)
         if bounds is not None and v is not None and not isinstance(v, bool) and not bounds.allows(v):
-            raise UserError(f"config key {key} must be {bounds.describe()}, got {v}")
+            unit, why = f.metadata.get("unit"), f.metadata.get("why")
+            optional = _is(None, hints[f.name])
+            raise UserError(f"config key {key} must be {bounds.describe()}" + (f" {unit}" if unit else "")
+                            + (" (or none)" if optional else "") + (f" ({why})" if why else "") + f", got {v}")
         if choices is not None and v not in choices:
             raise UserError(f"{key}={v!r} is not one of {', '.join(choices)}")
 

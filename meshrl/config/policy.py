@@ -41,8 +41,8 @@ class PPOConfig:
     grpo_std: bool = setting(True, "GRPO: divide by the group's std (false = Dr. GRPO style)")
     rollout_is: str = setting("off", "rollout correction (docs/algorithms.md): off | token | sequence: truncated "
                               "importance weights pi_trainer / pi_engine")
-    rollout_is_cap: float = setting(2.0, "the weights' upper bound (TRL's vllm_importance_sampling_cap default); "
-                                    ">= 1, as the weights are truncated from above", at_least=1)
+    rollout_is_cap: float = setting(2.0, "the weights' upper bound (TRL's vllm_importance_sampling_cap default)",
+                                    at_least=1, why="weights are truncated from above")
     rollout_mask_above: float | None = setting(None, "drop sequences whose mean k3 mismatch exceeds this (none: "
                                                "keep all)", above=0)
     decoupled: bool = setting(False, "decoupled PPO (AReaL): clip around the proximal policy (the actor before "

@@ -60,7 +60,8 @@ class EvalConfig:
     """Evaluation on held-out prompts while training (the actor's policy at the iteration's start)."""
 
     path: str | None = setting(None, "JSONL of {\"prompt\" (or \"messages\"), \"answer\"}; none = no evaluation")
-    every: int = setting(10, "iterations between evaluations (iteration 0 is always evaluated)", at_least=1)
+    every: int = setting(10, "iterations between evaluations (iteration 0 is always evaluated)",
+                         at_least=1, unit="iterations")
     samples: int = setting(1, "1 = greedy accuracy; k > 1 = k samples per prompt, eval/pass@k", at_least=1)
     correct: float = setting(1.0, "a response counts as correct when its reward is >= this (the rules give 1)")
 

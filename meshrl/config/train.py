@@ -58,7 +58,7 @@ class OptimConfig:
     weight_decay: float = setting(0.0, "AdamW's decoupled weight decay", at_least=0)
     grad_clip: float = setting(1.0, "max global grad norm; 0 = off", at_least=0)
     schedule: str = setting("constant", "constant | linear | cosine (meshrl/algo/lr_schedule.py)")
-    warmup: int = setting(0, "optimizer steps of linear warm-up", at_least=0)
+    warmup: int = setting(0, "optimizer steps of linear warm-up", at_least=0, unit="optimizer steps")
     min_lr_ratio: float = setting(0.0, "linear / cosine decay down to min_lr_ratio x lr at the last step",
                                   at_least=0, at_most=1)
 
