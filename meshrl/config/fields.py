@@ -83,7 +83,7 @@ def type_name(tp: object) -> str:
     """int, float or none, list of str, ... (as --help and the error messages spell types)."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return f"{type_name(args[0])} or none"
+        return " or ".join(type_name(a) for a in args) + (" or none" if type(None) in typing.get_args(tp) else "")
     if typing.get_origin(tp) is list:
         return f"list of {type_name(typing.get_args(tp)[0])}"
     return getattr(tp, "__name__", str(tp))

@@ -25,7 +25,12 @@ def _coerce(value: object, tp: object, key: str) -> object:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
-        return _coerce(value, args[0], key)
+        for tp_i in args[:-1]:  # int | str: a number where it reads as one, else the word
+            try:
+                return _coerce(value, tp_i, key)
+            except UserError:
+                continue
+        return _coerce(value, args[-1], key)
     try:
         if tp is bool:
             if isinstance(value, str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import UserError
 from .fields import check_fields, setting
 
 DTYPES = ("auto", "float32", "bfloat16", "float64")
@@ -18,15 +19,17 @@ class TrainConfig:
     threads: int = setting(0, "torch CPU threads per rank; 0 = auto: $OMP_NUM_THREADS if set, else the usable "
                            "cores split between the ranks on this machine (meshrl/cores.py; printed at the start "
                            "of a run)", at_least=0)
-    off_policy: int = setting(0, "k >= 1: generation of iteration t+k runs while iteration t trains, from weights "
-                              "k updates old (k steps off-policy; a disaggregated plan then overlaps generation and "
-                              "training)", at_least=0)
-    stream_steps: int = setting(0, "S >= 1 (needs off_policy=k >= 1): streaming generation with partial rollouts; "
-                                "each batch is admitted k versions before it trains, decoded S tokens per version, "
-                                "its sequences in flight continuing under each new version's weights, and finished "
-                                "at the bound (the version before it trains); every token records its version "
-                                "(meshrl/plan/stream.py). 0: whole batches, each sampled by one version",
-                                at_least=0, unit="decode steps")
+    off_policy: int | str = setting(0, "k >= 1: generation of iteration t+k runs while iteration t trains, from "
+                                    "weights k updates old (k steps off-policy; a disaggregated plan then overlaps "
+                                    "generation and training); auto: the planner picks k <= off_policy_max with the "
+                                    "plan when the run starts (meshrl/plan/lag.py), written to OUT/config.yaml")
+    off_policy_max: int = setting(4, "train.off_policy=auto: the largest lag the planner may choose", at_least=0)
+    stream_steps: int = setting(0, "S >= 1 (needs off_policy=k >= 1; under auto, used if it picks k >= 1): "
+                                "streaming generation with partial rollouts; each batch is admitted k versions "
+                                "before it trains, decoded S tokens per version, its sequences in flight continuing "
+                                "under each new version's weights, and finished at the bound (the version before it "
+                                "trains); every token records its version (meshrl/plan/stream.py). 0: whole "
+                                "batches, each sampled by one version", at_least=0, unit="decode steps")
     save_every: int = setting(10, "write a checkpoint (OUT/ckpt-*, for --resume) every N iterations and after the "
                               "last; a resumed run redoes at most N-1 iterations, exactly (saving costs ~0.15 s on "
                               "the demo)", at_least=1)
@@ -47,6 +50,9 @@ class TrainConfig:
 
     def validate(self, name: str = "train") -> None:
         check_fields(self, name)
+        lag = self.off_policy
+        if (isinstance(lag, str) and lag != "auto") or (isinstance(lag, int) and lag < 0):
+            raise UserError(f"{name}.off_policy={lag!r} must be a whole number >= 0 or auto")
 
 
 @dataclass

@@ -33,6 +33,7 @@ from .layers import DEEP, _layer_pair
 
 DECODE_CONTEXT = 32  # cached tokens behind the decoding step measured (as profile/layers.py)
 DECODE_SLOTS = 64  # the compiled step's cache: the context rounded up to generation's bucket
+REPS_SCALE = 3
 
 
 def _pair(cfg: ModelConfig, compile_them: bool) -> tuple:
@@ -89,11 +90,16 @@ def _first_calls(fns: tuple) -> float:
     return time.perf_counter() - t
 
 
-def measure_compile(reps: int, cfg: ModelConfig | None = None, batch: int = 4, seq: int = 64,
-                    decode_batch: int = 8) -> dict:
+def measure_compile(reps: int, cfg: ModelConfig | None = None, batch: int = 4, seq: int = 128,
+                    decode_batch: int = 32) -> dict:
     """{"hidden", "fwd", "fwd_bwd", "decode": compiled / eager seconds per layer, "compile_s": {kind:
-    seconds}} for ``cfg``'s width (default: the tiny preset), on the threads torch has now."""
-    cfg = cfg or get_preset("tiny")
+    seconds}} for ``cfg``'s width (default: the tiny preset), on the threads torch has now.
+
+    Each factor is a ratio of two differences of timings, which magnifies their noise, so it takes
+    REPS_SCALE x ``reps`` repetitions per timing (the calls take milliseconds), and the sizes are
+    the largest that keep it quick; ``python bench/compile_factors.py --repeat 3`` shows the spread
+    of the factors on a machine."""
+    cfg, reps = cfg or get_preset("tiny"), REPS_SCALE * reps
     out: dict = {"hidden": cfg.hidden_size, "compile_s": {}}
     with torch.random.fork_rng():
         torch.manual_seed(0)

@@ -103,7 +103,8 @@ class Engine:
         already (its outputs are in ``held``). ``ahead``: the generations of this many iterations
         from ``start`` on are already in ``held`` (restored from a checkpoint), so they are not run
         again. Leaving the loop early (a re-plan) leaves the rest of the order unwalked."""
-        order = steps(self.graph, self.plan, start, stop, self.cfg.train.off_policy, ahead, self.cfg.train.stream_steps)
+        k = self.cfg.train.off_policy
+        order = steps(self.graph, self.plan, start, stop, k, ahead, self.cfg.train.stream_steps if k else 0)
         for step in with_evals(order, self.cfg, self.evals, start, stop, dist.get_world_size()):
             if self.rank not in step.ranks:
                 continue
