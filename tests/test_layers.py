@@ -75,11 +75,11 @@ def graph() -> dict[str, set[str]]:
 
 def layer(module: str) -> str | None:
     """A module's layer: its subpackage (meshrl.algo.calls -> algo) or, for a top-level module, its
-    own name (meshrl.config_checks is the config's); None outside meshrl."""
+    own name (meshrl.cores -> cores); None outside meshrl."""
     parts = module.split(".")
     if parts[0] != "meshrl" or len(parts) < 2:
         return None
-    return "config" if parts[1] == "config_checks" else parts[1]
+    return parts[1]
 
 
 def test_no_upward_edge():

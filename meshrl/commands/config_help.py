@@ -1,64 +1,26 @@
-"""The config keys as ``meshrl train --help`` lists them: every key of meshrl/config.py with its
-type, default and the comment written beside it there (read from the source, so the list cannot
-drift from the dataclasses)."""
+"""The config keys as ``meshrl train --help`` lists them: every leaf key of meshrl/config/ with its
+type, default and the help text declared on its field (``setting(..., help)``), so the list cannot
+drift from the dataclasses."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import re
-import typing
-from pathlib import Path
-from .. import config
+
 from ..config import Config
+from ..config.fields import field_types, leaf_fields, type_name
 
 
-@functools.lru_cache(maxsize=1)
-def _all_comments() -> dict[tuple[str, str], str]:
-    """(class name, field) -> the comment on the field's line (and the comment lines right below
-    it) in meshrl/config.py, read once (inspect.getsource per class took a second)."""
-
-    out: dict[tuple[str, str], str] = {}
-    cls = current = None
-    for line in Path(config.__file__).read_text().splitlines():
-        if m := re.match(r"class (\w+)", line):
-            cls, current = m.group(1), None
-        elif cls and (m := re.match(r"    (\w+): [^=]+=.*?(?:#\s*(.*))?$", line)):
-            current = m.group(1)
-            out[(cls, current)] = (m.group(2) or "").strip()
-        elif cls and current and re.match(r"\s+#", line):
-            out[(cls, current)] = (out[(cls, current)] + " " + line.strip().lstrip("#").strip()).strip()
-        else:
-            current = None
-    return out
+def _shown(value: object) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    return str(value).lower() if value is None or isinstance(value, bool) else str(value)
 
 
-def _comments(cls) -> dict[str, str]:
-    return {f: c for (k, f), c in _all_comments().items() if k == cls.__name__}
-
-
-def _type_name(tp) -> str:
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if args:
-        return f"{_type_name(args[0])} or none"
-    return getattr(tp, "__name__", str(tp))
-
-
-def config_keys(cls=None, prefix: str = "", obj=None) -> list[tuple[str, str, str, str]]:
-    """(key, type, default, comment) for every leaf key, in declaration order."""
-
-    cls = cls or Config
-    obj = obj if obj is not None else cls()
-    hints, notes = typing.get_type_hints(cls), _comments(cls)
+def config_keys(obj: object | None = None) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, help) for every leaf key, in declaration order."""
     rows = []
-    for f in dataclasses.fields(cls):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            rows += config_keys(type(value), f"{prefix}{f.name}.", value)
-        else:
-            rows.append((f"{prefix}{f.name}", _type_name(hints[f.name]), repr(value) if isinstance(value, str)
-                         else str(value).lower() if value is None or isinstance(value, bool) else str(value),
-                         notes.get(f.name, "")))
+    for key, (f, cls, value) in leaf_fields(obj if obj is not None else Config()).items():
+        rows.append((key, type_name(field_types(cls)[f.name]), _shown(value), f.metadata.get("help", "")))
     return rows
 
 

@@ -18,11 +18,12 @@ from ..errors import UserError
 from ..plan.search import DEFAULT_STEPS
 from ..plan.fallback import planning_config
 from ..plan.problem import problem_from_config
-from ..plan.report import NAMES, comparison_table, compare, explain, plan_table
+from ..plan.report import NAMES, comparison_table, compare, compile_line, explain, plan_table
 from .train import run_config, split_items
 from ..plan.lengths import apply_lengths
 from dataclasses import replace
 from ..plan.simulator import iteration_time
+from ..plan.lag import choose_lag, with_lag
 from ..plan import validate as measured
 from ..plan.calibrate import read_run, refit, scales_table
 from . import plan_dry_run
@@ -109,8 +110,9 @@ def run(args: argparse.Namespace) -> int:
     pcfg, note = (cfg, "") if args.validate else planning_config(cfg, args.profile)
     problem = problem_from_config(pcfg, args.profile)
     cpu0 = time.process_time()
-    results, search_s = compare(problem, names, steps, args.seed, args.time_limit)
+    problem, results, search_s, lag = plan_all(problem, names, steps, args)
     cpu_s = time.process_time() - cpu0  # the planning's own cost; the wall time grows with the load
+    cfg = with_lag(cfg, problem.off_policy) if lag is not None else cfg  # auto: --validate / --dry-run's lag
     chosen = "search" if "search" in results else names[0]
     res = results[chosen]
     for path in (args.trace, args.gantt, args.save):
@@ -142,10 +144,11 @@ def run(args: argparse.Namespace) -> int:
         return plan_dry_run.run(cfg, problem, res.plan, args.json, args.dry_run_ranks == "all", args.dry_run_decode)
     by_k = off_policy_times(problem, results)
     if args.json:
+        lags = {"train.off_policy": problem.off_policy, "iteration_s_by_k": {str(k): v for k, v in by_k.items()}}
+        if lag is not None:  # auto: each lag's own plan, and the lag chosen
+            lags |= {"auto": True, "auto_s_by_k": {str(k): v for k, v in lag.seconds.items()}}
         print(json.dumps({"strategies": {n: {**r.to_dict(), "off_policy": problem.off_policy}
-                                         for n, r in results.items()}, "search_s": search_s,
-                          "off_policy": {"train.off_policy": problem.off_policy,
-                                         "iteration_s_by_k": {str(k): v for k, v in by_k.items()}}}))
+                                         for n, r in results.items()}, "search_s": search_s, "off_policy": lags}))
         return 0
     c = problem.cluster
     print(f"{cfg.algo} on {c.nodes} x {c.devices_per_node} {problem.hw.name} "
@@ -153,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
           f"{problem.shape.samples_per_prompt} samples, {problem.shape.prompt_len} + {problem.shape.gen_len} tokens"
           + (f"; generation {problem.off_policy} iteration(s) ahead (train.off_policy={problem.off_policy})"
              if problem.off_policy else ""))
+    if note := compile_line(problem):
+        print(note)
     print(f"\nplan: {chosen}")
     print(plan_table(problem, res.plan))
     print()
@@ -161,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"(search: {steps} steps, seed {args.seed}: {search_s:.1f} s; planning took {cpu_s:.1f} s of CPU time)")
     print()
     print(explain(problem, results, chosen))
-    print(off_policy_line(problem, by_k))
+    print(off_policy_line(problem, by_k) if lag is None else lag.line())
     for line in wrote:
         print(line)
     if args.validate:
@@ -170,6 +175,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 OFF_POLICY_KS = (0, 1, 2, 4)  # the lags `meshrl plan` prices beside the config's own
+
+
+def plan_all(problem, names: list[str], steps: int, args: argparse.Namespace):
+    """(problem, each strategy's Result, the search's seconds, LagChoice or None): the plans of
+    ``names``; under train.off_policy=auto found again for each lag, and the problem returned at
+    the lag chosen for the plan `meshrl plan` shows (the search's, else the one strategy's)."""
+    if problem.off_policy_max is None:
+        return (problem, *compare(problem, names, steps, args.seed, args.time_limit), None)
+    found = {}
+
+    def plan_for(at_k):
+        results, search_s = compare(at_k, names, steps, args.seed, args.time_limit)
+        found[at_k.off_policy] = (at_k, results, search_s)
+        return results["search" if "search" in results else names[0]].plan
+
+    lag = choose_lag(problem, plan_for)
+    return (*found[lag.k], lag)
 
 
 def off_policy_times(problem, results: dict) -> dict[int, dict[str, float]]:

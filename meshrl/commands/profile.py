@@ -66,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"optimizer step (tiny model, {opt['tensors']} tensors): {opt['step_s'] * 1e3:.1f} ms, "
           f"{opt['sec_per_tensor'] * 1e6:.0f} us per tensor beyond its bytes")
     print(f"host time per call (the runtime outside its steps): {data['host_gap']['call_host_s'] * 1e3:.2f} ms")
+    if c := data.get("compile"):
+        print(f"torch.compile / eager per layer (h={c['hidden']}): forward {c['fwd']:.2f}x, forward + backward "
+              f"{c['fwd_bwd']:.2f}x, decoding step {c['decode']:.2f}x; one-off compile "
+              f"{sum(c['compile_s'].values()):.0f} s")
     print(f"wrote {path}")
     return 0
 

@@ -67,6 +67,8 @@ def check_resume_config(out: Path, cfg) -> None:
     except yaml.YAMLError as e:
         raise UserError(f"--resume: {saved_file} is not valid YAML ({e})") from None
     now = _flat(to_dict(cfg))
+    if now.get("train.off_policy") == "auto" and isinstance(saved.get("train.off_policy"), int):
+        now["train.off_policy"] = saved["train.off_policy"]  # the lag auto chose when the run started
     differ = [k for k in sorted(set(saved) | set(now)) if k not in RESUME_MAY_CHANGE and saved.get(k) != now.get(k)]
     if differ:
         shown = ", ".join(f"{k}: {saved.get(k)!r} in the run, {now.get(k)!r} now" for k in differ[:3])

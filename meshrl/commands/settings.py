@@ -1,10 +1,10 @@
 """A run's settings as the commands load them: the config's sections, each checked where it is
-defined (meshrl/config.py), then the names and files that other packages own, each checked by its
+defined (meshrl/config/), then the names and files that other packages own, each checked by its
 owner: the algorithm's recipe settings (meshrl/algo/recipe_config.py: loss variants, LR schedule,
 reward functions, environments, eval files), the model presets (meshrl/model/presets.py) and the
 devices (meshrl/plan/hardware.py). One UserError naming the key, before anything runs.
 
-Why here and not in meshrl/config.py: the config is the bottom layer that every package reads, so
+Why here and not in meshrl/config/: the config is the bottom layer that every package reads, so
 it cannot import the packages whose names it would check without closing an import cycle.
 """
 
@@ -18,7 +18,7 @@ from ..plan.hardware import device_names
 
 
 def load_settings(path: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file <- dotted overrides (meshrl/config.py), then every owner's checks."""
+    """Defaults <- YAML file <- dotted overrides (meshrl/config/), then every owner's checks."""
     cfg = load_config(path, overrides)
     check_owned(cfg)
     return cfg

@@ -14,6 +14,7 @@ from .rundir import check_out, check_resume_config, clear_run
 import os
 from ..plan.strategies import BUILDERS
 from ..runtime.plans import resolve_plan
+from ..plan.lag import with_lag
 
 DEFAULT_OUT = "runs/demo"
 # The built-in demo's sizes per algorithm, applied before the user's own overrides when there is
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if rank0:
         check_out(out, args.resume, args.overwrite)
     if args.resume:
+        cfg = resumed_lag(out, cfg)
         check_resume_config(out, cfg)
     if args.nprocs is not None and args.nprocs < 1:
         raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")
@@ -143,6 +145,15 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(f"note: {note}")
     return run_job(cfg, args, out, is_demo)
+
+
+def resumed_lag(out: Path, cfg):
+    """``train.off_policy=auto`` on --resume: the lag the run chose when it started (OUT/config.yaml
+    records it), never a new choice (the lag changes the numbers)."""
+    from ..runtime.job import saved_lag  # lazy: --help and `meshrl plan` load no torch
+
+    k = saved_lag(out) if cfg.train.off_policy == "auto" else None
+    return cfg if k is None else with_lag(cfg, k)
 
 
 def _rank0() -> bool:

@@ -50,6 +50,8 @@ class RunShape:
     grad_bucket_bytes: float = 25 * 2**20  # train.grad_bucket_mb: the dp all-reduce / ZeRO-1 gather bucket
     overlap_grad_reduce: bool = True  # train.overlap_grad_reduce: buckets all-reduced during the backward
     activation_checkpointing: bool = False  # train.activation_checkpointing: layers recomputed in the backward
+    compile_layers: bool = False  # train.compile: the layers' cache-free forwards and backward compiled
+    compile_gen: bool = False  # gen.compile (meshrl's engine): the decoding steps and the prefill compiled
 
     @classmethod
     def from_config(cls, cfg) -> "RunShape":
@@ -61,7 +63,10 @@ class RunShape:
         train = getattr(cfg, "train", None)
         runtime = {} if train is None else {
             "grad_bucket_bytes": train.grad_bucket_mb * 2**20, "overlap_grad_reduce": train.overlap_grad_reduce,
-            "activation_checkpointing": train.activation_checkpointing}
+            "activation_checkpointing": train.activation_checkpointing, "compile_layers": train.compile}
+        gen = getattr(cfg, "gen", None)
+        if gen is not None:
+            runtime["compile_gen"] = gen.compile and not vllm  # vLLM compiles its own way, unpriced here
         return dataclasses.replace(shape, recompute_actor=rl and vllm, engine_copy=vllm, compact=shape.compact or vllm,
                                    **runtime)
 
@@ -196,12 +201,17 @@ PRICED = {
     "train.off_policy": "generation of t+1 overlapping training of t (plan/simulator.py)",
     "train.threads": "a CPU profile's figures scaled to the rank's threads (plan/thread_scaling.py)",
     "gen.backend": "vLLM's compacting engine, its weight copy and the log-prob recompute (RunShape.from_config)",
+    "train.compile": "the layers' forward and forward + backward at the profile's compiled / eager factors, "
+                     "where tp = 1 and the layers are dense (estimator.py; GPU presets: eager, hardware.py)",
+    "gen.compile": "decoding steps and the prefill at the profile's compiled / eager factors, where tp = 1 "
+                   "(estimator.py; GPU presets: eager, hardware.py)",
 }
 UNPRICED = {
     "train.iterations": "how many iterations run, not what one costs",
     "train.seed": "which numbers, not their cost",
     "train.save_every": "checkpoints are written between iterations, outside the iteration priced",
     "train.timeout": "a deadline for a hung rank, not a cost",
-    "train.compile": "no measured speed-up of compiled layers in the profile yet: priced as eager",
-    "gen.compile": "no measured speed-up of compiled decoding in the profile yet: priced as eager",
+    "train.stream_steps": "priced as whole-batch train.off_policy=k (one generation a version, at the same place in "
+                          "the order, the same tokens decoded an iteration); not priced: the re-prefill of prompt + "
+                          "tokens so far of each sequence in flight at every version (plan/stream.py)",
 }

@@ -41,14 +41,19 @@ NO_LINKS = Links()  # every group within one node
 DECODE_POINTS = 8  # decoding time is integrated over the context length at this many midpoints
 
 
-
-
 @dataclass(frozen=True)
 class _Ctx:
     mc: ModelCosts
     hw: Hardware
     lay: Layout
     links: Links
+    train_compiled: bool = False  # train.compile, where the runtime applies it (tp = 1, dense layers)
+    gen_compiled: bool = False  # gen.compile, where it applies (tp = 1)
+
+    def speed(self, kind: str) -> float:
+        """The hardware's compiled / eager factor of the layers for ``kind`` where it runs compiled, else 1."""
+        on = self.gen_compiled if kind in ("prefill", "decode") else self.train_compiled
+        return self.hw.compiled.of(kind) if on else 1.0
 
     @property
     def stage_layers(self) -> int:
@@ -86,25 +91,26 @@ def _forward_step(c: _Ctx, b: int, new: int, ctx: int, backward: bool = False, p
     redo = recompute and backward
     fits = c.hw.layer_fits(c.mc.cfg.hidden_size)
     head_rows = b if prefill else b * new
+    speed, redo_speed = c.speed("prefill" if prefill else "fwd_bwd" if backward else "fwd"), c.speed("fwd")
     if fits is not None:  # a measured profile: the model code's own timings, scaled by size
         fit, fixed = (fits.fwd_bwd, fits.fixed_fwd_bwd) if backward else (fits.fwd, fits.fixed_fwd)
         if prefill:
             fixed = fits.fixed_decode  # one head row per sequence, as a decoding step
         head_scale = c.mc.head_params / fits.head_params
-        compute = (c.stage_layers * _measured(fit, b * new, c.mc.layer_active_params / fits.layer_params, c.lay.tp)
+        per_layer = c.mc.layer_active_params / fits.layer_params
+        compute = (c.stage_layers * _measured(fit, b * new, per_layer, c.lay.tp) * speed
                    + _measured(fixed, b if prefill else b * new, head_scale, c.lay.tp))
         if redo:  # the layers' forward again (the head is not checkpointed)
-            compute += c.stage_layers * _measured(fits.fwd, b * new, c.mc.layer_active_params / fits.layer_params,
-                                                  c.lay.tp)
+            compute += c.stage_layers * _measured(fits.fwd, b * new, per_layer, c.lay.tp) * redo_speed
     else:
         layer_flops = (2.0 * c.mc.cfg.num_hidden_layers * c.mc.layer_active_params * b * new
                        + b * c.mc.attn_flops(new, ctx))
         flops = layer_flops * c.frac + 2.0 * c.mc.head_params * head_rows
         # A pass reads the stage's weights at least once (three times with backward): with few
         # tokens it is bandwidth-bound, as a decoding step is; every pass pays the step overhead.
-        compute = max(mult * flops / c.lay.tp / c.flops, mult * c.stage_param_bytes / c.hbm_bw)
+        compute = max(mult * flops / c.lay.tp / c.flops, mult * c.stage_param_bytes / c.hbm_bw) * speed
         if redo:  # the layers' forward again: their FLOPs, or one more read of their weights
-            compute += max(layer_flops * c.frac / c.lay.tp / c.flops, c.stage_param_bytes / c.hbm_bw)
+            compute += max(layer_flops * c.frac / c.lay.tp / c.flops, c.stage_param_bytes / c.hbm_bw) * redo_speed
     overhead = (2 if backward else 1) * c.hw.step_overhead if fits is None else 0.0
     act = b * new * c.mc.cfg.hidden_size * c.hw.dtype_bytes
     n_ar = (4 if backward else 2) * c.stage_layers + (2 * c.stage_layers if redo else 0)
@@ -125,12 +131,13 @@ def _decode_step(c: _Ctx, b: int, ctx: int, head: bool = True) -> tuple[float, d
     kv = b * ctx * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     head_bytes = mc.head_params / c.lay.tp * c.hw.dtype_bytes
     mem = (c.stage_param_bytes - (0.0 if head else head_bytes) + kv) / c.hbm_bw
-    compute = flops / c.flops
+    compute = flops / c.flops * c.speed("decode")
     overhead = c.hw.step_overhead  # kernel launches and host work of one stage step (GPU presets)
     fits = c.hw.layer_fits(mc.cfg.hidden_size)
     if fits is not None:  # measured decoding steps already include their memory traffic
         mem = 0.0
-        compute = c.stage_layers * _measured(fits.decode, b, mc.layer_active_params / fits.layer_params, c.lay.tp)
+        compute = (c.stage_layers * _measured(fits.decode, b, mc.layer_active_params / fits.layer_params, c.lay.tp)
+                   * c.speed("decode"))
         if head:
             compute += _measured(fits.fixed_decode, b, mc.head_params / fits.head_params, c.lay.tp)
     act = b * mc.cfg.hidden_size * c.hw.dtype_bytes
@@ -364,7 +371,12 @@ def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches
                   links: Links = NO_LINKS) -> Estimate:
     """Time and per-device memory of ``spec`` under ``layout`` with ``micro_batches`` per DP rank
     (per mini-batch for train calls). The layout must suit the model (see Layout.check_model)."""
-    c = _Ctx(model_costs(spec.model, spec.value_head), hw, layout, links)
+    # torch.compile where the runtime applies it: tp = 1 (tp's all-reduces stay eager), dense layers
+    # (parallel/model.py, model/compiled_layers.py); the one-off compile is outside the price
+    one = layout.tp == 1
+    c = _Ctx(model_costs(spec.model, spec.value_head), hw, layout, links,
+             train_compiled=one and shape.compile_layers and not spec.model.num_experts,
+             gen_compiled=one and shape.compile_gen)
     run = {"generate": _generate_turns, "inference": _inference}.get(spec.kind, _train)
     est = run(c, spec, shape, micro_batches)
     if spec.kind == "generate" and shape.engine_copy:

@@ -59,6 +59,38 @@ GPU_FIT: dict[str, GpuFit] = {
     "h100": GpuFit(mfu=0.55, mfu_width=600.0, hbm_eff=0.75, step_overhead=1.2e-3, source=FIT_SOURCE),
 }
 
+# torch.compile on the GPU presets: priced as eager. The one published figure across models, the
+# PyTorch 2 paper's (Ansel et al., ASPLOS 2024: TorchInductor 1.41x training and 2.27x inference,
+# geometric means over 180+ models on an A100), is a mean over mostly small vision and language
+# models at their own sizes, not a figure for the billion-parameter decoder layers planned here,
+# whose time is matmuls and attention that compiling leaves as library calls; and the decoding
+# constants above are fitted on lmdeploy and TensorRT-LLM, engines that already fuse kernels and
+# replay CUDA graphs (the one torch.compile row of bench/published/, torchao's Llama-3.1-8B decoding
+# on an H100, is predicted 4% fast as it is). A CPU profile measures the factors (profile/compile.py).
+COMPILE_GPU = ("no measurement of meshrl's compiled layers on this GPU; "
+               "PyTorch 2 (ASPLOS 2024) reports 1.41x training / 2.27x inference geomeans over 180+ mostly "
+               "small models on an A100, not decoder layers of this size (plan/hardware.py COMPILE_GPU)")
+
+
+@dataclass(frozen=True)
+class CompileSpeed:
+    """torch.compile's seconds over eager's for one decoder layer (1.0: priced as eager), as the
+    runtime compiles (meshrl/model/compiled_layers.py; tp = 1, dense layers): ``fwd`` a forward
+    without gradients (inference under train.compile, the prefill under gen.compile), ``fwd_bwd``
+    forward + backward (training, train.compile), ``decode`` one decoding step (gen.compile).
+    ``compile_s``: the one-off compile of each kind, in seconds (reported, never in an iteration's
+    price)."""
+
+    fwd: float = 1.0
+    fwd_bwd: float = 1.0
+    decode: float = 1.0
+    compile_s: tuple[tuple[str, float], ...] = ()
+
+    def of(self, kind: str) -> float:
+        """fwd, fwd_bwd or decode; a prefill's is fwd's (the same compiled layer function, with its cache)."""
+        return self.fwd if kind == "prefill" else getattr(self, kind)
+
+
 NCCL_BASE_LAT = 8.4e-6
 NVLINK_HOP_LAT = 3.4e-6
 NET_HOP_LAT = 14e-6
@@ -132,6 +164,8 @@ class Hardware:
     call_host_s: float = 0.0
     # torch threads per rank the CPU figures stand for (plan/thread_scaling.py scaled them to it)
     threads: int = 1
+    # train.compile / gen.compile: measured by a CPU profile; eager for the GPU presets (COMPILE_GPU)
+    compiled: CompileSpeed = CompileSpeed()
 
     def slowdown(self, busy: float) -> float:
         """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs);
@@ -243,7 +277,8 @@ def _gpu(name: str, peak: float, fit: GpuFit, hbm: float, mem: float, nvlink: fl
          sources: dict[str, str]) -> Hardware:
     return Hardware(name=name, peak_flops=peak, mfu=fit.mfu, hbm_bw=hbm, mem_bytes=mem, intra_bw=nvlink,
                     intra_lat=NVLINK_HOP_LAT, inter_bw=ib, inter_lat=NET_HOP_LAT, devices_per_node=8,
-                    sources={**sources, "latency": NCCL_LAT, "fit": fit.source}, hbm_eff=fit.hbm_eff,
+                    sources={**sources, "latency": NCCL_LAT, "fit": fit.source, "compile": COMPILE_GPU},
+                    hbm_eff=fit.hbm_eff,
                     step_overhead=fit.step_overhead, mfu_width=fit.mfu_width)
 
 

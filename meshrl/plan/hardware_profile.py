@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..cores import rank_threads, usable_cores
 from ..errors import UserError
-from .hardware import DEFAULT_PROFILE, PRESETS, PROFILE_ENV, Hardware, LayerFits, LinkFit
+from .hardware import DEFAULT_PROFILE, PRESETS, PROFILE_ENV, CompileSpeed, Hardware, LayerFits, LinkFit
 from .thread_scaling import for_threads
 
 
@@ -50,10 +50,22 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile", thr
                     measured=measured, layers=layers, cores=int(data.get("cores", 0)) if contention else 0,
                     contention=contention, pipeline_hop=float(data.get("pipeline", {}).get("hop_s", 0.0)),
                     optimizer_tensor_s=float(data.get("optimizer", {}).get("sec_per_tensor", 0.0)),
-                    call_host_s=float(data.get("host_gap", {}).get("call_host_s", 0.0)))
+                    call_host_s=float(data.get("host_gap", {}).get("call_host_s", 0.0)),
+                    compiled=_compiled(data.get("compile")))
         return for_threads(hw, data.get("thread_scaling"), threads)
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"profile {source} is malformed ({e!r}); run `meshrl profile` again") from None
+
+
+def _compiled(c: dict | None) -> CompileSpeed:
+    """torch.compile's measured factors (profile/compile.py); a profile without them (quick, or from
+    before they were measured) prices compiled layers as eager."""
+    if not c:
+        return CompileSpeed()
+    factors = {k: float(c[k]) for k in ("fwd", "fwd_bwd", "decode")}
+    if not all(f > 0 for f in factors.values()):
+        raise ValueError(f"compile factors {factors}")
+    return CompileSpeed(**factors, compile_s=tuple(sorted((k, float(v)) for k, v in c.get("compile_s", {}).items())))
 
 
 def _contention(data: dict) -> tuple[tuple[int, float], ...]:

@@ -42,6 +42,9 @@ class Problem:
     hw: Hardware
     cluster: Cluster
     off_policy: int = 0  # the config's train.off_policy: generation k iterations ahead
+    # train.off_policy=auto: the largest lag the planner may choose (train.off_policy_max; plan/lag.py);
+    # None: the config fixes the lag
+    off_policy_max: int | None = None
     optimistic: bool = False  # unknown reallocation times read as 0 (see realloc_time)
     # roles that hold no weights at run time (a rule reward: no models.reward.path): their calls are
     # still timed as a model's (see docs/planner.md), but they take no memory
@@ -224,7 +227,9 @@ def model_for(spec, role: str) -> ModelConfig:
 
 def problem_from_config(cfg, profile: str | None = None, off_policy: int | None = None) -> Problem:
     """The planning problem of a run config (meshrl.config.Config). ``off_policy``: k lets generation
-    run k iterations ahead (k steps off-policy); default: the config's ``train.off_policy``."""
+    run k iterations ahead (k steps off-policy); default: the config's ``train.off_policy``. Under
+    ``train.off_policy=auto`` the problem starts at lag 0 with ``off_policy_max`` set, and
+    plan/lag.py ``choose_lag`` picks the lag with the plan."""
 
     graph = graph_of(cfg)
     models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}
@@ -235,9 +240,10 @@ def problem_from_config(cfg, profile: str | None = None, off_policy: int | None 
     dtype = getattr(getattr(cfg, "train", None), "dtype", "auto")
     if dtype in DTYPE_BYTES:  # train.dtype set: weights, gradients and activations in it (auto: the device's)
         hw = dataclasses.replace(hw, dtype_bytes=DTYPE_BYTES[dtype])
-    off_policy = cfg.train.off_policy if off_policy is None else off_policy
+    auto = cfg.train.off_policy == "auto" and off_policy is None
+    off_policy = (0 if auto else cfg.train.off_policy) if off_policy is None else off_policy
     if off_policy < 0:
         raise UserError(f"train.off_policy must be >= 0, got {off_policy}")
     rule = cfg.algo != "rm" and "reward" in models and getattr(cfg.models.reward, "path", None) is None
     return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, off_policy,
-                   weightless=("reward",) if rule else ())
+                   cfg.train.off_policy_max if auto else None, weightless=("reward",) if rule else ())

@@ -110,3 +110,21 @@ def _table(rows: list[tuple[str, ...]]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def compile_line(problem: Problem) -> str | None:
+    """What train.compile / gen.compile do to the price (None when neither is set): the measured
+    compiled / eager factors, or why the calls are priced as eager; the one-off compile is reported
+    beside the iteration time, never in it."""
+    s, c = problem.shape, problem.hw.compiled
+    keys = ", ".join(k for k, on in (("train.compile", s.compile_layers), ("gen.compile", s.compile_gen)) if on)
+    if not keys:
+        return None
+    if (c.fwd, c.fwd_bwd, c.decode) == (1.0, 1.0, 1.0):
+        why = problem.hw.sources.get("compile", "the CPU profile has no compile measurement; `meshrl profile` "
+                                     "(without --quick) measures it")
+        return f"{keys}: priced as eager ({why})"
+    once = sum(v for _, v in c.compile_s)
+    return (f"{keys}: layers priced at the measured compiled / eager time (forward x{c.fwd:.2f}, forward + "
+            f"backward x{c.fwd_bwd:.2f}, decoding step x{c.decode:.2f}; where tp = 1, dense layers); the one-off "
+            f"compile (~{once:.0f} s when profiled) is not in the iteration time")

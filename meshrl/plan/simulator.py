@@ -16,8 +16,16 @@ Steps per iteration t, in graph order (the rules are steps.py's):
 - ``end``: the end of the iteration, on every device, taking no time: the runtime's ranks hand their
   statistics to rank 0 there (``gather_object``, whose size exchange is an all-gather), so no rank
   starts iteration t+1's steps before every rank has finished iteration t's.
-With ``train.off_policy=1``, the generation steps of iteration t+1 come before the rest of iteration t in
+With ``train.off_policy=k``, the generation steps of iteration t+k come before the rest of iteration t in
 the global order, so generation overlaps training.
+
+What a plan scores: the mean time of ``ITERATIONS`` iterations in their steady state. Lag 0 (the
+default) simulates just those iterations from a cold start, as ReaL scores a plan. Lag k first runs
+k generations with no training beside them, and its last k iterations generate nothing (their
+samples were made ahead): neither happens in a long run, so k > 0 simulates ITERATIONS + 2k
+iterations and scores the ITERATIONS in the middle, from the end of iteration k-1 to the end of
+iteration ITERATIONS+k-1 (each of them overlaps a generation k ahead, as in a long run). At k = 0
+the two are the same number, so lags compare with each other fairly (meshrl/plan/lag.py).
 
 Shared cores (CPU profiles only): ranks of one node that compute at once share its cores. Then a
 step runs at rate 1 / slowdown(busy ranks on its node), the measured curve of the profile; a call
@@ -56,18 +64,21 @@ class Event:
 
 @dataclass
 class Timeline:
-    """A simulated run of ``iterations`` iterations. ``iteration_s`` is the mean iteration time
-    (makespan / iterations, a cold start included, as a real run of that many iterations)."""
+    """A simulated run scoring ``iterations`` iterations. ``iteration_s`` is their mean time: the
+    makespan / iterations at lag 0 (a cold start included, as a real run of that many iterations);
+    under train.off_policy=k > 0 the steady-state ``window`` (see the module docstring)."""
 
     events: list[Event]
     iterations: int
     n_devices: int
     makespan: float = 0.0
     busy: dict[str, float] = field(default_factory=dict)  # device-seconds per event name, iteration 1
+    window: tuple[float, float] | None = None  # (start, end) of the scored iterations; None: the makespan
 
     @property
     def iteration_s(self) -> float:
-        return self.makespan / self.iterations
+        start, end = self.window or (0.0, self.makespan)
+        return (end - start) / self.iterations
 
     def to_chrome_trace(self) -> dict:
         """Chrome / Perfetto trace: one track (tid) per device, times in microseconds."""
@@ -254,20 +265,34 @@ def _schedule_shared(events: list[Event], n_devices: int, share: Sharing) -> flo
 
 
 def simulate(problem: Problem, plan: ExecutionPlan, iterations: int = ITERATIONS) -> Timeline:
-    events = build_events(problem, plan, iterations)
+    k = problem.off_policy
+    events = build_events(problem, plan, iterations + 2 * k)
     share = sharing(problem)
     makespan = schedule(events, problem.cluster.size, share)
     busy: dict[str, float] = {}
     for e in events:
-        if e.iteration == min(1, iterations - 1):  # device-seconds as run (stretched where cores are shared)
+        if e.iteration == k + min(1, iterations - 1):  # device-seconds as run (stretched where cores are shared)
             span = e.duration if share is None else e.end - e.start
             busy[e.name] = busy.get(e.name, 0.0) + span * len(e.devices)
-    return Timeline(events, iterations, problem.cluster.size, makespan, busy)
+    return Timeline(events, iterations, problem.cluster.size, makespan, busy, _window(events, k, iterations))
+
+
+def _window(events: list[Event], k: int, iterations: int) -> tuple[float, float] | None:
+    """(end of iteration k-1, end of iteration iterations+k-1): the steady-state iterations of a
+    run simulated with lag k > 0 (module docstring); None at lag 0 (the whole makespan)."""
+    if not k:
+        return None
+    ends = {e.iteration: e.end for e in events if e.kind == "end"}
+    return ends[k - 1], ends[iterations + k - 1]
 
 
 def iteration_time(problem: Problem, plan: ExecutionPlan, iterations: int = ITERATIONS,
                    free: dict[str, float] | None = None) -> float:
-    """The search's objective: mean iteration time of the simulated run (a lower bound when
-    ``free`` stands in for calls the partial ``plan`` lacks)."""
-    return schedule(build_events(problem, plan, iterations, free), problem.cluster.size,
-                    sharing(problem)) / iterations
+    """The search's objective: the mean steady-state iteration time of the simulated run (a lower
+    bound when ``free`` stands in for calls the partial ``plan`` lacks; exact bounds hold at lag 0,
+    where the score is the makespan, the only case the exhaustive search is used for)."""
+    k = problem.off_policy
+    events = build_events(problem, plan, iterations + 2 * k, free)
+    makespan = schedule(events, problem.cluster.size, sharing(problem))
+    start, end = _window(events, k, iterations) or (0.0, makespan)
+    return (end - start) / iterations

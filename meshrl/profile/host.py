@@ -13,7 +13,7 @@ every call (meshrl/plan/estimator.py ``estimate_call``).
 from __future__ import annotations
 
 import statistics
-from ..config import Config
+from ..config import Config, with_algo_defaults
 from ..runtime.job import in_process
 from ..runtime.plans import resolve_plan
 
@@ -33,7 +33,7 @@ def host_gap(records: list[dict]) -> dict:
 def measure_host_gap(quick: bool = False, timeout_s: float = 120.0) -> dict:
     """Run the one-rank runtime on the tiny preset (PPO: six calls) and return ``host_gap``."""
 
-    cfg = Config()  # the built-in demo (PPO, tiny models, a rule reward)
+    cfg = with_algo_defaults(Config())  # the built-in demo (PPO, tiny models, a rule reward)
     cfg.data.batch_size, cfg.data.gen_len, cfg.sft.steps = 8, 8, 1
     cfg.train.iterations = 3 if quick else ITERATIONS
     cfg.train.threads = 1  # the profile's convention: one thread (threads.py measures more)

@@ -7,6 +7,7 @@ Compute is measured with one thread, in fp32 (the CPU dtype), and the speedup of
 rank separately (meshrl/profile/threads.py): a rank of a run gets ``train.threads``
 threads, by default the usable cores split between the machine's ranks (meshrl/cores.py), and the
 planner scales the one-thread figures by the measured speedup for that count.
+torch.compile against eager per layer: meshrl/profile/compile.py (full profile only).
 Collectives run in real gloo process groups started with torch.multiprocessing; every process
 group has a timeout and every child is joined with a deadline and killed if it overruns.
 """
@@ -26,6 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import UserError
+from .compile import measure_compile
 from .cores import measure_cores
 from .host import measure_host_gap
 from .layers import linear_fit, measure_layers, measure_optimizer, median_time
@@ -134,6 +136,8 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
         mem_bw = measure_mem_bw((16 if quick else 256) << 20, reps)
         layers = measure_layers(quick, reps)  # 1- and DEEP-layer models timed alternately
         optimizer = measure_optimizer(reps, mem_bw)  # per tensor: the runtime AdamW's kernels and Python
+        # compiled / eager per layer (train.compile, gen.compile); not in --quick: the compiles take minutes
+        compiled = {} if quick else {"compile": measure_compile(reps)}
     finally:
         torch.set_num_threads(prev)
     colls: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}
@@ -151,4 +155,5 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
             "torch": torch.__version__, "dtype": "float32", "dtype_bytes": 4,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": quick,
             "matmul": matmul, "layers": layers, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls,
-            "pipeline": pipeline, "optimizer": optimizer, "host_gap": host_gap, "thread_scaling": scaling}
+            "pipeline": pipeline, "optimizer": optimizer, "host_gap": host_gap, "thread_scaling": scaling,
+            **compiled}

@@ -15,13 +15,14 @@ import shutil
 from pathlib import Path
 
 from ..gen import close_all
-from ..config import Config
+from ..config import Config, dump_yaml
 from ..errors import UserError
 from ..plan.execution_plan import ExecutionPlan
-from .plans import plan_table
+from .plans import plan_table, resolve_run
 from ..cores import rank_threads
 from .checkpoint import check_format, latest_checkpoint
-from .plans import resolve_plan
+from ..plan.lag import with_lag
+import yaml
 from .launch import RankError, RankPool, failure_report
 from .run import rank_main
 import datetime
@@ -48,10 +49,13 @@ def under_torchrun() -> bool:
 
 
 def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, quiet: bool
-            ) -> tuple[ExecutionPlan, int]:
-    """The plan the ranks run and the first iteration (after the newest checkpoint with ``resume``);
-    writes OUT/plan.json and prints the plan table. Runs once per job: in the launching process,
-    or on rank 0 under torchrun once the process group exists (its result is broadcast)."""
+            ) -> tuple[ExecutionPlan, int, Config]:
+    """The plan the ranks run, the first iteration (after the newest checkpoint with ``resume``)
+    and the config they run (``train.off_policy=auto`` resolved: the lag chosen with the plan, or on
+    a resume the lag the run chose, read from OUT/config.yaml); writes OUT/plan.json (and, when the
+    lag was chosen, OUT/config.yaml with it) and prints the plan table. Runs once per job: in the
+    launching process, or on rank 0 under torchrun once the process group exists (its result is
+    broadcast)."""
 
     start = 0
     ck = latest_checkpoint(out) if resume else None
@@ -59,12 +63,21 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
     if ck is not None:
         check_format(ck)  # an older meshrl's per-rank checkpoint: a UserError naming it
         saved = ExecutionPlan.load(ck / "plan.json")
+    chose = cfg.train.off_policy == "auto"
+    if chose and resume and (k := saved_lag(out)) is not None:
+        cfg, chose = with_lag(cfg, k), False  # the lag the run chose at its start: it changes the numbers
     if saved is not None and plan_spec == "search" and saved.cluster.size == world:
         # the plan the run was searched (or re-planned) into: searching again may find another (its
         # time budget), which would resume correctly (checkpoints reshard) but not bit for bit
+        if chose:  # (a run chose its lag before its first checkpoint and wrote it down)
+            raise UserError(f"--resume: {out}/config.yaml does not say which lag the run chose under "
+                            "train.off_policy=auto; give it as train.off_policy=K")
         plan, note = saved, "--plan search: resuming under the plan saved with the checkpoint"
     else:
-        plan, note = resolve_plan(cfg, plan_spec, world)
+        cfg, plan, note = resolve_run(cfg, plan_spec, world)
+    if chose:
+        (out / "config.yaml").parent.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(dump_yaml(cfg))
     if resume and ck is None and not quiet:
         # killed before its first checkpoint (in the warm-up, say): the same command starts over
         print(f"--resume: no checkpoint in {out} yet, so the run starts from the beginning")
@@ -79,7 +92,18 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
         print(plan_table(plan, cfg.train.off_policy) + (f"\n{note}" if note else ""))
     if not quiet and start:
         print(f"resuming from {latest_checkpoint(out)} at iteration {start}")
-    return plan, start
+    return plan, start, cfg
+
+
+def saved_lag(out: Path) -> int | None:
+    """The ``train.off_policy`` recorded in OUT/config.yaml, if it is a number (the lag a run with
+    train.off_policy=auto chose when it started), else None."""
+    try:
+        saved = yaml.safe_load((out / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    k = (saved.get("train") or {}).get("off_policy") if isinstance(saved, dict) else None
+    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 0 else None
 
 
 def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = False,
@@ -95,7 +119,7 @@ def launch(cfg: Config, plan_spec: str, nprocs: int, out: Path, resume: bool = F
         return _torchrun_main(cfg, plan_spec, out, resume, timeout_s, quiet, progress)
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise UserError(f"--nprocs must be a whole number >= 1, got {nprocs}")
-    plan, start = prepare(cfg, plan_spec, nprocs, out, resume, quiet)
+    plan, start, cfg = prepare(cfg, plan_spec, nprocs, out, resume, quiet)
     status = out / ".ranks"
     shutil.rmtree(status, ignore_errors=True)
     status.mkdir()
@@ -154,14 +178,15 @@ def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout
         box: list = [None]
         if dist.get_rank() == 0:
             try:
-                plan, start = prepare(cfg, plan_spec, dist.get_world_size(), out, resume, quiet)
-                box[0] = (plan.to_json(), start, None)
+                plan, start, cfg = prepare(cfg, plan_spec, dist.get_world_size(), out, resume, quiet)
+                box[0] = (plan.to_json(), start, cfg.train.off_policy, None)
             except UserError as e:
-                box[0] = (None, 0, str(e))
+                box[0] = (None, 0, 0, str(e))
         box[0] = comm.broadcast_object(box[0], 0, comm.control(None))  # an object: the control plane
-        plan_json, start, error = box[0]
+        plan_json, start, lag, error = box[0]
         if error is not None:
             raise UserError(error)
+        cfg = with_lag(cfg, lag)  # rank 0's choice under train.off_policy=auto
         return rank_main(cfg, ExecutionPlan.from_json(plan_json), str(out), start, timeout_s, None, quiet,
                          cfg.train.save_every, progress)
     finally:

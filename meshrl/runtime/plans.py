@@ -16,6 +16,7 @@ from ..config import Config
 from ..errors import UserError
 from ..plan.execution_plan import Cluster, ExecutionPlan
 from ..plan.fallback import planning_config
+from ..plan.lag import choose_lag, with_lag
 from ..plan.problem import problem_from_config
 from ..plan.search import search
 from ..plan.strategies import build
@@ -42,28 +43,44 @@ def _problem(cfg: Config, cluster: Cluster):
 
 def resolve_plan(cfg: Config, spec: str, world: int) -> tuple[ExecutionPlan, str]:
     """(plan, a note for the log). ``spec``: a strategy name, 'search', or a plan JSON file."""
+    return resolve_run(cfg, spec, world)[1:]
+
+
+def resolve_run(cfg: Config, spec: str, world: int) -> tuple[Config, ExecutionPlan, str]:
+    """(the run's config with ``train.off_policy=auto`` resolved, its plan, a note for the log).
+    Under auto the lag is chosen with the plan (meshrl/plan/lag.py): a strategy or the search is
+    found again for each lag; a plan file is priced at each lag as it is."""
     cluster = run_cluster(cfg, world)
     note = ""
     if spec == "disaggregated" and not any(c.kind == "generate" for c in graph_for(cfg.algo).calls):
         raise UserError(f"--plan disaggregated gives generation its own devices, but algo={cfg.algo} trains on "
                         "fixed data and generates nothing; use colocated, interleaved, heuristic or search")
+    fixed = None
     if spec.endswith(".json") or Path(spec).is_file():
-        plan = ExecutionPlan.load(spec)
-        if plan.cluster.size != world:
-            raise UserError(f"plan file {spec} is for {plan.cluster.size} devices, but this run has {world} ranks")
+        fixed = ExecutionPlan.load(spec)
+        if fixed.cluster.size != world:
+            raise UserError(f"plan file {spec} is for {fixed.cluster.size} devices, but this run has {world} ranks")
         try:
-            check_plan(cfg, plan)
+            check_plan(cfg, fixed)
         except UserError as e:
             raise UserError(f"plan file {spec}: {e}") from None
+    if fixed is not None and cfg.train.off_policy != "auto":
+        return cfg, fixed, note
+    problem, note = _problem(cfg, cluster)
+
+    def plan_for(p) -> ExecutionPlan:
+        if fixed is not None:
+            return fixed
+        return dataclasses.replace(search(p).plan if spec == "search" else build(p, spec), cluster=cluster)
+
+    if cfg.train.off_policy == "auto":
+        choice = choose_lag(problem, plan_for)
+        cfg, plan = with_lag(cfg, choice.k), choice.plan
+        note = "\n".join(x for x in (note, choice.line()) if x)
     else:
-        problem, note = _problem(cfg, cluster)
-        if spec == "search":
-            plan = search(problem).plan
-        else:
-            plan = build(problem, spec)
-        plan = dataclasses.replace(plan, cluster=cluster)
+        plan = plan_for(problem)
     check_plan(cfg, plan)
-    return plan, note
+    return cfg, plan, note
 
 
 def check_plan(cfg: Config, plan: ExecutionPlan) -> None:

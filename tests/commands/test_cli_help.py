@@ -74,13 +74,19 @@ def test_plan_says_where_it_wrote_its_files(tmp_path, capsys):
     assert f"wrote {trace}" in out and f"wrote {png}" in out and trace.is_file() and png.is_file()
 
 
-def test_every_key_gets_its_own_help_text():
-    """A comment block above fields used to be glued to the field before it (data.gen_len's text ran
-    into the planner keys', which had none): each key now has its own text, and no text holds another's."""
-    from meshrl.commands.config_help import config_keys
-
+def test_every_key_gets_its_own_help_text(capsys):
+    """Each leaf key carries its own help text on its field, and train --help prints it on the key's
+    line; no text holds another key's."""
     notes = {k: n for k, _, _, n in config_keys()}
+    empty = [k for k, n in notes.items() if not n.strip()]
+    assert not empty, f"config keys without help: {empty}"
     assert notes["data.gen_len"] == "maximum generated tokens per response"
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    for key, note in notes.items():
+        line = next(line for line in lines if line.startswith(f"  {key}="))
+        assert line.endswith(note), (key, line)
     for key in ("data.gen_len_mean", "data.gen_len_longest", "data.turns_mean", "data.obs_len_mean"):
         assert notes[key].startswith("planner only"), (key, notes[key])
     assert "rollout" not in notes["ppo.grpo_std"]

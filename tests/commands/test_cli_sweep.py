@@ -8,22 +8,30 @@ import pytest
 
 from meshrl.cli import main
 from meshrl.commands.config_help import config_keys
-from meshrl.config_checks import RANGES
+from meshrl.config import Config
+from meshrl.config.fields import leaf_fields, value_choices, value_range
 
-CHOICES = {"algo", "ppo.kl_mode", "ppo.kl_estimator", "cluster.device", "reward.rule"}
+FIELDS = leaf_fields(Config())
+RANGES = {k: value_range(f) for k, (f, _, _) in FIELDS.items() if value_range(f) is not None}
+CHOICES = {"algo", "cluster.device", "reward.rule", "ppo.loss_agg", "ppo.ratio", "ppo.rollout_is", "optim.schedule",
+           *(k for k, (f, _, _) in FIELDS.items() if value_choices(f))}
 
 
 def bad_values(key: str, tp: str) -> list[str]:
     """Values of the wrong type, plus out-of-range ones for keys with a range."""
     base = {"int": ["abc", "1.5", ""], "float": ["abc", "", "nan", "inf"], "bool": ["maybe", "", "2"]}
-    vals = list(base.get(tp.split()[0], []))
+    item = tp.removeprefix("list of ")
+    vals = list(base.get(item.split()[0], []))
     if tp == "str":
         vals += [""] + (["nope"] if key in CHOICES else [])
-    if tp == "str or none":
+    if item == "str or none" or tp == "list of str":
         vals += ["", "/no/such/file.jsonl"] if key.endswith("path") else ["", "nope-9000b"]
     if key in RANGES:
-        lo, lo_ok, hi = RANGES[key]
-        vals += [str(lo - 1)] + ([] if lo_ok else [str(lo)]) + ([str(hi + 1)] if hi is not None else [])
+        r = RANGES[key]
+        if r.lo is not None:
+            vals += [str(r.lo - 1)] + ([] if r.lo_ok else [str(r.lo)])
+        if r.hi is not None:
+            vals += [str(r.hi + 1)] + ([] if r.hi_ok else [str(r.hi)])
     return vals
 
 

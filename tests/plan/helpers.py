@@ -12,6 +12,6 @@ def models(actor: str, critic: str | None = None, ref: str | None = None, reward
             f"models.reward={reward or critic}"]
 
 
-def problem(*overrides: str, device: str = "h100-80g", off_policy: int = 0) -> Problem:
+def problem(*overrides: str, device: str = "h100-80g", off_policy: int | None = None) -> Problem:
     cfg = load_config(None, [f"cluster.device={device}", "data.prompt_len=128", *overrides])
     return problem_from_config(cfg, off_policy=off_policy)

@@ -7,6 +7,7 @@ estimate of a fixed plan."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,112 @@ def test_each_priced_setting_moves_the_estimate(setting, moves):
         assert t1 > t0 and m1 < m0  # less memory, a forward more
     if key == "train.overlap_grad_reduce=false":
         assert t1 > t0
+
+
+# ---- train.compile / gen.compile: the profile's compiled / eager factors, hand-computed ----------
+
+FIT = {"latency_s": 1e-3, "sec_per_unit": 1e-5}
+CPU = {"matmul": {"128": 4e10}, "mem_bw": 5e9, "mem_bytes": 8e9, "dtype_bytes": 4,
+       "collectives": {"all_reduce": {"2": {"latency_s": 1e-4, "sec_per_byte": 1e-9}},
+                       "p2p": {"2": {"latency_s": 5e-5, "sec_per_byte": 2e-9}}}}
+
+
+def cpu_hardware(compiled: dict | None):
+    """A CPU profile whose every layer fit is FIT (latency 1 ms + 10 us a token or a row), with the
+    compile factors ``compiled`` (None: a profile that did not measure them)."""
+    from meshrl.model.presets import get_preset
+    from meshrl.plan.hardware_profile import from_profile
+    from meshrl.plan.model_costs import model_costs
+
+    mc = model_costs(get_preset("tiny"))
+    layers = {"128": {"layer_params": mc.layer_params, "head_params": mc.head_params,
+                      **{k: FIT for k in ("fwd", "fwd_bwd", "decode", "fixed_fwd", "fixed_fwd_bwd", "fixed_decode")}}}
+    return from_profile({**CPU, "layers": layers, **({"compile": compiled} if compiled else {})}, 1)
+
+
+def fit(units: float) -> float:
+    return FIT["latency_s"] + FIT["sec_per_unit"] * units
+
+
+@pytest.mark.parametrize("factors", [{"fwd": 0.8, "fwd_bwd": 0.7, "decode": 0.5},  # compiling helps
+                                     {"fwd": 1.25, "fwd_bwd": 1.5, "decode": 1.1}])  # compiling costs
+def test_compile_prices_the_layers_at_the_measured_factors(factors):
+    from meshrl.layout.mesh import Layout
+    from meshrl.model.presets import get_preset
+    from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
+
+    tiny, hw = get_preset("tiny"), cpu_hardware({**factors, "compile_s": {"fwd": 5.0}})
+    layers, tokens = tiny.num_hidden_layers, 8 * 32
+    eager = RunShape(prompt_len=16, gen_len=16, batch_size=8)
+    train_c, gen_c = replace(eager, compile_layers=True), replace(eager, compile_gen=True)
+    ref, gen = CallSpec("r", "ref", "inference", tiny), CallSpec("g", "actor", "generate", tiny)
+    actor = CallSpec("t", "actor", "train", tiny)
+
+    inf = estimate_call(ref, train_c, Layout(), 1, hw).time_s
+    assert inf == pytest.approx(layers * fit(tokens) * factors["fwd"] + fit(tokens))
+    prefill = layers * fit(8 * 16) * factors["fwd"] + fit(8)  # the prefill runs the compiled layer function
+    step = layers * fit(8) * factors["decode"] + fit(8)
+    assert estimate_call(gen, gen_c, Layout(), 1, hw).time_s == pytest.approx(prefill + 15 * step)
+    t0, t1 = (estimate_call(actor, s, Layout(), 1, hw).time_s for s in (eager, train_c))
+    assert t1 - t0 == pytest.approx(layers * fit(tokens) * (factors["fwd_bwd"] - 1))
+    # each key prices its own calls only; tensor parallelism and the GPU presets stay eager
+    assert estimate_call(ref, gen_c, Layout(), 1, hw).time_s == estimate_call(ref, eager, Layout(), 1, hw).time_s
+    assert estimate_call(gen, train_c, Layout(), 1, hw).time_s == estimate_call(gen, eager, Layout(), 1, hw).time_s
+    tp2 = Layout(1, 2, 1)
+    assert estimate_call(ref, train_c, tp2, 1, hw).time_s == estimate_call(ref, eager, tp2, 1, hw).time_s
+    assert hw.compiled.compile_s == (("fwd", 5.0),)
+
+
+def test_compile_without_a_measurement_is_priced_eager_and_says_why():
+    from meshrl.plan.hardware import PRESETS
+
+    assert cpu_hardware(None).compiled.of("fwd_bwd") == 1.0
+    for hw in PRESETS.values():
+        assert hw.compiled.of("decode") == 1.0 and "ASPLOS 2024" in hw.sources["compile"]
+    t0, m0 = priced([])
+    assert priced(["train.compile=true", "gen.compile=true"]) == (t0, m0)  # a100-80g: eager, by that reason
+
+
+def test_the_shape_reads_both_compile_keys():
+    from meshrl.plan.call_spec import RunShape
+
+    shape = RunShape.from_config(load_config(None, ["train.compile=true", "gen.compile=true"]))
+    assert shape.compile_layers and shape.compile_gen
+    vllm = RunShape.from_config(load_config(None, ["gen.compile=true", "gen.backend=vllm"]))
+    assert not vllm.compile_gen and not RunShape.from_config(load_config(None, [])).compile_layers
+
+
+def test_a_profile_with_bad_compile_factors_is_refused():
+    from meshrl.errors import UserError
+
+    with pytest.raises(UserError, match="malformed"):
+        cpu_hardware({"fwd": 0.0, "fwd_bwd": 1.0, "decode": 1.0})
+
+
+def test_meshrl_plan_says_how_it_priced_compile(capsys):
+    from meshrl.cli import main
+
+    assert main(["plan", *BASE, "train.compile=true", "--strategy", "colocated"]) == 0
+    out = capsys.readouterr().out
+    assert "train.compile: priced as eager (no measurement of meshrl's compiled layers on this GPU" in out
+
+
+@pytest.mark.timeout(900)  # three real compiles (forward, forward + backward, a decoding step)
+def test_the_profile_measures_compiled_against_eager():
+    """meshrl/profile/compile.py on the tiny preset at small sizes: positive factors and the compile
+    times the planner reads (tests/model/test_compiled_layers.py checks that the numbers are eager's)."""
+    import torch
+
+    from meshrl.plan.hardware_profile import _compiled
+    from meshrl.profile.compile import measure_compile
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        res = measure_compile(1, batch=2, seq=16, decode_batch=2)
+    finally:
+        torch.set_num_threads(prev)
+    assert res["hidden"] == 128 and all(res[k] > 0 for k in ("fwd", "fwd_bwd", "decode"))
+    assert set(res["compile_s"]) == {"fwd", "fwd_bwd", "decode"} and all(v > 0 for v in res["compile_s"].values())
+    speed = _compiled(res)
+    assert (speed.fwd, speed.fwd_bwd, speed.decode) == (res["fwd"], res["fwd_bwd"], res["decode"])

@@ -223,9 +223,9 @@ def test_resume_with_plan_search_keeps_the_saved_plan(tmp_path):
     ck.mkdir()
     _bad_plan(ck / "plan.json", graph_for("ppo").names)
     (ck / "meta.json").write_text(json.dumps({"format": FORMAT, "iteration": 0, "world": 2, "ahead": None}))
-    plan, start = prepare(cfg, "search", 2, tmp_path, resume=True, quiet=True)
+    plan, start, _ = prepare(cfg, "search", 2, tmp_path, resume=True, quiet=True)
     assert start == 1 and plan.strategy == "one-rank"
-    plan, start = prepare(cfg, "search", 4, tmp_path, resume=True, quiet=True)
+    plan, start, _ = prepare(cfg, "search", 4, tmp_path, resume=True, quiet=True)
     assert start == 1 and plan.cluster.size == 4 and plan.strategy != "one-rank"
 
 

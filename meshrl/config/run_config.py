@@ -1,0 +1,67 @@
+"""The whole run's config: one section per concern, assembled. Each section validates its own keys
+(its ``validate``); :meth:`Config.validate` calls them and holds the rules between sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..errors import UserError
+from .data import GROUP_ALGOS, DataConfig
+from .fields import setting
+from .models import ClusterConfig, ModelsConfig
+from .policy import DPOConfig, PPOConfig, SFTConfig
+from .rollout import EnvConfig, EvalConfig, GenConfig, RewardConfig
+from .train import OptimConfig, ReplanConfig, TrainConfig
+
+ALGOS = ("ppo", "grpo", "remax", "rloo", "dpo", "sft", "rm")
+
+
+@dataclass
+class Config:
+    algo: str = setting("ppo", "the algorithm: ppo | grpo | remax | rloo | dpo | sft | rm")
+    models: ModelsConfig = setting(help="which model plays each role", factory=ModelsConfig)
+    data: DataConfig = setting(help="prompts and batch sizes", factory=DataConfig)
+    cluster: ClusterConfig = setting(help="the devices", factory=ClusterConfig)
+    train: TrainConfig = setting(help="the run and the runtime", factory=TrainConfig)
+    optim: OptimConfig = setting(help="AdamW and its schedule", factory=OptimConfig)
+    ppo: PPOConfig = setting(help="policy-gradient settings", factory=PPOConfig)
+    gen: GenConfig = setting(help="sampling and the generation backend", factory=GenConfig)
+    sft: SFTConfig = setting(help="supervised fine-tuning", factory=SFTConfig)
+    dpo: DPOConfig = setting(help="direct preference optimisation", factory=DPOConfig)
+    reward: RewardConfig = setting(help="where rewards come from", factory=RewardConfig)
+    eval: EvalConfig = setting(help="held-out evaluation", factory=EvalConfig)
+    env: EnvConfig = setting(help="multi-turn rollouts", factory=EnvConfig)
+    replan: ReplanConfig = setting(help="re-planning during a run", factory=ReplanConfig)
+
+    def validate(self) -> None:
+        """UserError naming the first bad key; changes nothing."""
+        if self.algo not in ALGOS:
+            raise UserError(f"algo={self.algo!r} is not one of {', '.join(ALGOS)}")
+        for f in fields(self):
+            section = getattr(self, f.name)
+            if hasattr(section, "validate"):
+                section.validate(f.name)
+        n = self.data.samples_per_prompt
+        if self.algo in GROUP_ALGOS and n is not None and n < 2:
+            raise UserError(f"data.samples_per_prompt={n}: algo={self.algo} needs >= 2 (a group of one has no "
+                            "baseline); leave it unset for the default of 4")
+        self._check_streaming()
+
+    def _check_streaming(self) -> None:
+        """train.stream_steps: partial rollouts of meshrl's engine, single-turn RL, under off_policy >= 1."""
+        s = self.train.stream_steps
+        if not s:
+            return
+        why = None
+        if self.train.off_policy == 0:
+            why = "it needs train.off_policy=k >= 1 (the versions a batch is streamed over)"
+        elif self.algo not in ("ppo", "grpo", "remax", "rloo"):
+            why = f"algo={self.algo} generates nothing"
+        elif self.gen.backend != "meshrl":
+            why = (f"partial rollouts need gen.backend=meshrl (gen.backend={self.gen.backend}: continuing a "
+                   "sequence under new weights at a fixed decode step is not built for it); use "
+                   "train.stream_steps=0, whole batches k versions old")
+        elif self.env.fn:
+            why = "multi-turn rollouts (env.fn) are generated whole; use train.stream_steps=0"
+        if why:
+            raise UserError(f"train.stream_steps={s}: {why}")
