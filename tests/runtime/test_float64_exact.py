@@ -168,16 +168,19 @@ def test_streamed_partial_rollouts_give_the_same_figures_under_every_plan(pool):
 @pytest.mark.parametrize("algo", ["grpo", "remax"])
 def test_streamed_groups_and_the_greedy_baseline_agree_under_two_plans(algo, pool):
     """Streaming with k = 3, S = 2 for GRPO (groups of 2 samples; sequences span up to three
-    versions) and ReMax (its greedy baseline streamed too): heuristic and disaggregated agree with
+    versions; decoupled PPO, whose truncated weight pi_prox / pi_behav takes each token's own
+    version) and ReMax (its greedy baseline streamed too): heuristic and disaggregated agree with
     colocated to 1e-9, and some sequences were interrupted before their bound."""
     torch.set_num_threads(1)
-    base = CONFIGS["grpo"] if algo == "grpo" else ["algo=remax", "data.batch_size=8"]
+    base = CONFIGS["grpo"] + ["ppo.decoupled=true"] if algo == "grpo" else ["algo=remax", "data.batch_size=8"]
     cfg = load_config(None, base + COMMON + ["train.dtype=float64", "train.off_policy=3", "train.stream_steps=2",
                                              "train.iterations=4"])
     plans = plans_for(cfg)
     want = pool.run(rank_main, cfg, plans["colocated"], None, quiet=True)[0]
     assert want[3]["rollout/staleness_max"] == 3.0
     assert want[3]["rollout/interrupted"] > want[3]["rollout/at_bound"]  # interrupted, then ended before the bound
+    if algo == "grpo":
+        assert abs(want[3]["rollout/is_weight_mean"] - 1.0) > 1e-3  # stale tokens: weights away from 1
     for name in ("disaggregated", "heuristic"):
         got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
         worst, where = worst_diff(want, got)
