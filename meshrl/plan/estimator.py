@@ -341,7 +341,7 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     wide = c.hw.dtype_bytes >= 4
     state = (2 * c.hw.dtype_bytes if wide else ADAM_STATE_BYTES) * n_local / c.lay.dp
     in_flight = min(m, c.lay.pp)
-    layer_act = b * s * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
+    layer_act = b * s * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes, cpu=c.hw.name == "cpu")
     if shape.activation_checkpointing:  # each layer's input kept; one layer's activations while it recomputes
         act = in_flight * b * s * c.stage_layers * c.mc.cfg.hidden_size * c.hw.dtype_bytes + layer_act
     else:

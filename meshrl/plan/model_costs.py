@@ -84,7 +84,7 @@ class ModelCosts:
         heads = max(1, self.cfg.num_key_value_heads // tp)
         return 2 * heads * self.cfg.head_dim * dtype_bytes
 
-    def act_bytes_per_token_layer(self, tp: int, dtype_bytes: int = BF16) -> float:
+    def act_bytes_per_token_layer(self, tp: int, dtype_bytes: int = BF16, cpu: bool = False) -> float:
         """Activation memory a training forward keeps for the backward, per token per layer on one
         TP rank, as the runtime's layers keep it (model/transformer.py, moe.py; no sequence
         parallelism, no dropout): each RMSNorm its float32 input, its normalised output cast back
@@ -95,13 +95,17 @@ class ModelCosts:
         SwiGLU intermediates and output. Under the memory worst case of a dry run (model/
         worst_case.py) every token's top-k experts are on this rank: min(k, experts per rank) of
         them take every token. (Korthikanti et al. 2022's h(10 + 24/t) counts a GPT layer in bf16
-        with 2-byte LayerNorm inputs, a 4h GeLU MLP and dropout masks: not this layer.)"""
+        with 2-byte LayerNorm inputs, a 4h GeLU MLP and dropout masks: not this layer.) ``cpu``: bf16
+        attention on a CPU runs in float32 (model/transformer.py): SDPA keeps float32 q, k, v and
+        output, and o_proj the output cast back."""
         cfg, dt, w = self.cfg, dtype_bytes, max(4, dtype_bytes)
         h = cfg.hidden_size
         q, kv = cfg.q_size / tp, max(1, cfg.num_key_value_heads // tp) * cfg.head_dim
         norms = 2 * ((w + 2 * dt) * h + 4)  # + the float32 rsqrt of each row
         heads = cfg.q_size / cfg.head_dim / tp
         attn = (2 * q + 2 * kv) * dt + 4 * heads
+        if cpu and dt < 4:
+            attn = (2 * q + 2 * kv) * 4 + q * dt + 4 * heads
         if cfg.qk_norm:  # per head: float32 copy, cast back, rsqrt
             attn += (w + dt) * (q + kv) + 4 * (heads + kv / cfg.head_dim)
         return norms + attn + self._ffn_mean(tp, lambda i: 4 * i * dt, self._moe_saved(tp, dt))

@@ -29,10 +29,11 @@ def _cfg(preset: str, layers: int = 3):
     return dataclasses.replace(get_preset(preset), num_hidden_layers=layers)
 
 
-def _measure(cfg, dtype: torch.dtype, grad: bool) -> tuple[float, float]:
-    """-> (bytes kept after a forward of the layers with autograd, peak above the input without)."""
+def _measure(cfg, dtype: torch.dtype, grad: bool, device: str | None = "cuda") -> tuple[float, float]:
+    """-> (bytes kept after a forward of the layers with autograd, peak above the input without);
+    ``device``: the device type the model code's branches take (None: the CPU the tensors are on)."""
     before = torch.get_default_dtype()
-    with FakeTensorMode(), FakeRank() as counter, worst_case.worst_case(device="cuda"):
+    with FakeTensorMode(), FakeRank() as counter, worst_case.worst_case(device=device):
         torch.set_default_dtype(dtype)  # fake weights of the dtype, made so (fake storages can't be cast in place)
         try:
             model = Backbone(cfg)
@@ -94,3 +95,11 @@ def test_the_fused_decoding_copies_of_bf16_on_a_cpu_are_priced(preset):
     extra = {name: estimate_call(spec, shape, Layout(1, 1, 1), 1, dataclasses.replace(gpu, name=name)).transient_bytes
              - estimate_call(spec, shape, Layout(1, 1, 1), 1, gpu).transient_bytes for name in ("cpu", "h100-80g")}
     assert extra == {"cpu": copies, "h100-80g": 0}
+
+
+def test_bf16_attention_on_a_cpu_keeps_float32_copies():
+    """On a CPU, bf16 attention runs in float32 (model/transformer.py): counted as the layers keep it."""
+    cfg = _cfg("tiny-llama3")
+    kept = _measure(cfg, torch.bfloat16, grad=True, device=None)[0] / (B * S * cfg.num_hidden_layers)
+    want = model_costs(cfg).act_bytes_per_token_layer(1, 2, cpu=True)
+    assert kept == pytest.approx(want, rel=0.04) and want > model_costs(cfg).act_bytes_per_token_layer(1, 2)
