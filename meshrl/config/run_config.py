@@ -45,3 +45,23 @@ class Config:
         if self.algo in GROUP_ALGOS and n is not None and n < 2:
             raise UserError(f"data.samples_per_prompt={n}: algo={self.algo} needs >= 2 (a group of one has no "
                             "baseline); leave it unset for the default of 4")
+        self._check_streaming()
+
+    def _check_streaming(self) -> None:
+        """train.stream_steps: partial rollouts of meshrl's engine, single-turn RL, under off_policy >= 1."""
+        s = self.train.stream_steps
+        if not s:
+            return
+        why = None
+        if self.train.off_policy == 0:
+            why = "it needs train.off_policy=k >= 1 (the versions a batch is streamed over)"
+        elif self.algo not in ("ppo", "grpo", "remax", "rloo"):
+            why = f"algo={self.algo} generates nothing"
+        elif self.gen.backend != "meshrl":
+            why = (f"partial rollouts need gen.backend=meshrl (gen.backend={self.gen.backend}: continuing a "
+                   "sequence under new weights at a fixed decode step is not built for it); use "
+                   "train.stream_steps=0, whole batches k versions old")
+        elif self.env.fn:
+            why = "multi-turn rollouts (env.fn) are generated whole; use train.stream_steps=0"
+        if why:
+            raise UserError(f"train.stream_steps={s}: {why}")

@@ -59,6 +59,10 @@ class GenerationConfig:
     # decode 8 steps; measured: actor_gen 2.3x slower), 8 on an accelerator, where it is a sync.
     sync_every: int | None = None
     compact_below: float = 0.5  # at a check, drop finished rows once at most this share is alive
+    # The sampling step of the first new token: a row continued after ``first_step`` tokens of its
+    # response (a partial rollout re-prefilled with new weights, meshrl/algo/partial.py) draws the
+    # noise of the steps it is at, as if it had not been interrupted.
+    first_step: int = 0
 
     @property
     def use_compile(self) -> bool:
@@ -76,6 +80,8 @@ class GenerationConfig:
             raise UserError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.sync_every is not None and self.sync_every < 1:
             raise UserError(f"sync_every must be >= 1, got {self.sync_every}")
+        if self.first_step < 0:
+            raise UserError(f"first_step must be >= 0, got {self.first_step}")
         if not 0.0 <= self.compact_below < 1.0:
             raise UserError(f"compact_below must be in [0, 1) (0 = never compact), got {self.compact_below}")
 
@@ -302,8 +308,8 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
     mask, out_tok, out_lp, out_alive, slot, every = loop_buffers(prompt_mask, cfg, static)
     rows = torch.arange(b, device=dev)  # original index of each row still in the batch
     alive = torch.ones(b, dtype=torch.bool, device=dev)
-    steps = torch.arange(n, device=dev)  # the sampling noise's step, a 0-dim tensor each (no retrace)
-    slots = slot + steps  # the decode step's cache slot, a 0-dim tensor each
+    slots = slot + torch.arange(n, device=dev)  # the decode step's cache slot, a 0-dim tensor each
+    steps = torch.arange(n, device=dev) + cfg.first_step  # the sampling noise's step, 0-dim each (no retrace)
     tok, lp = pick(prefill(ids, prompt_mask), rows, steps[0])
     out_lp = out_lp.to(lp.dtype)  # float32, or float64 for a float64 model
     record = _Record(out_tok, out_lp, out_alive, cfg.pad_token_id)

@@ -84,7 +84,7 @@ def micro_decode(pipe: Pipe, prefill: PassFn, decode: PassFn, make_caches: Calla
         packed = torch.empty(2, len(mb.rows), dtype=torch.float64, device=dev)
         if pipe.last:
             tok, lp = pick_token(mb.logits, None if keys is None else keys[mb.rows],
-                                 torch.tensor(step, dtype=torch.long, device=dev),
+                                 torch.tensor(step + cfg.first_step, dtype=torch.long, device=dev),
                                  cfg.temperature, cfg.top_k, cfg.top_p)
             packed[0], packed[1] = tok.double(), lp.double()  # token ids are exact in float64
             mb.logits = None

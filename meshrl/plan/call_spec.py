@@ -211,4 +211,7 @@ UNPRICED = {
     "train.seed": "which numbers, not their cost",
     "train.save_every": "checkpoints are written between iterations, outside the iteration priced",
     "train.timeout": "a deadline for a hung rank, not a cost",
+    "train.stream_steps": "priced as whole-batch train.off_policy=k (one generation a version, at the same place in "
+                          "the order, the same tokens decoded an iteration); not priced: the re-prefill of prompt + "
+                          "tokens so far of each sequence in flight at every version (plan/stream.py)",
 }

@@ -25,10 +25,11 @@ reallocations and transfers that would touch it are left out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..algo.graph import Call, Graph
 from .execution_plan import ExecutionPlan
+from .stream import Segment, advance, prologue
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,10 @@ class Step:
     kind 'transfer': outputs of ``src_call`` (held by ``senders``, one per dp replica) reach
                      ``receivers`` (ranks of ``call`` that lack them).
     kind 'end':      the end of ``iteration`` (every rank).
-    kind 'eval':     an evaluation, ``call`` = its kind (the runtime puts these in: runtime/evals.py)."""
+    kind 'eval':     an evaluation, ``call`` = its kind (the runtime puts these in: runtime/evals.py).
+
+    ``stream`` (a generation call under ``train.stream_steps``): the segments of the batches it
+    decodes (plan/stream.py); the call's ``iteration`` is then the newest batch it touches."""
 
     kind: str
     iteration: int
@@ -50,6 +54,7 @@ class Step:
     src_call: str = ""
     senders: tuple[int, ...] = ()
     receivers: tuple[int, ...] = ()
+    stream: tuple[Segment, ...] = ()
 
     @property
     def name(self) -> str:
@@ -120,15 +125,19 @@ def _call_steps(graph: Graph, plan: ExecutionPlan, c: Call, t: int, homes: dict[
     return out + (_hand_on(graph, plan, c.name, t, have) if hand_on else [])
 
 
-def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, off_policy: int = 0, ahead: int = 0
-          ) -> list[Step]:
+def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, off_policy: int = 0, ahead: int = 0,
+          stream_steps: int = 0) -> list[Step]:
     """The global order of steps of iterations ``start`` .. ``stop - 1`` (see the module doc).
 
     ``off_policy`` = k: the generation of iteration t+k comes right after iteration t's samples are
     handed on, before the rest of iteration t, so it reads the weights of k updates before those
     that train on it (staleness k, fixed by the config: the same schedule of versions on every plan).
     ``ahead`` (k > 0): how many iterations from ``start`` on had their generation run before a
-    checkpoint, their outputs restored from it; their steps are left out (resume skips them)."""
+    checkpoint, their outputs restored from it; their steps are left out (resume skips them).
+    ``stream_steps`` = S > 0 (k > 0): streaming generation with partial rollouts (plan/stream.py):
+    one generation step per version instead of one per batch, at the same places."""
+    if stream_steps:
+        return _streaming(graph, plan, start, stop, off_policy, ahead, stream_steps)
     if ahead and not off_policy:
         raise ValueError("ahead: only an off-policy run generates iterations ahead")
     if not 0 <= ahead <= off_policy:
@@ -153,6 +162,41 @@ def steps(graph: Graph, plan: ExecutionPlan, start: int, stop: int, off_policy: 
             if t + off_policy < stop:
                 for c in gen:
                     out += _call_steps(graph, plan, c, t + off_policy, homes, have, hand_on=False)
+        for c in rest:
+            out += _call_steps(graph, plan, c, t, homes, have)
+        out.append(Step("end", t, "", tuple(range(plan.cluster.size))))
+    return out
+
+
+def _streaming(graph: Graph, plan: ExecutionPlan, start: int, stop: int, k: int, ahead: int, s: int
+               ) -> list[Step]:
+    """``steps`` under ``train.stream_steps=s``: the prologue (the batches a checkpoint did not
+    restore, under version ``start``), then per iteration t: t's samples handed on, version t's
+    generation step (finish t + 1, advance the rest, admit t + k), the rest of t."""
+    if not k or not 0 <= ahead <= k:
+        raise ValueError(f"streaming: off_policy={k} must be >= 1 and ahead={ahead} within it")
+    homes = home_calls(graph)
+    have: dict[tuple[str, int], set[int]] = {}
+    gen = _first_generations(graph)
+    rest = [c for c in graph.calls if c not in gen]
+    out: list[Step] = []
+
+    def generation(segs: tuple[Segment, ...]) -> list[Step]:
+        got: list[Step] = []
+        for c in gen:
+            for st in _call_steps(graph, plan, c, segs[-1].batch, homes, have, hand_on=False):
+                got.append(replace(st, stream=segs) if st.kind == "call" else st)
+        return got
+
+    first = prologue(start, ahead, k, s, stop)
+    if first:
+        out += generation(first)
+    for t in range(start, stop):
+        for g in gen:
+            out += _hand_on(graph, plan, g.name, t, have)
+        segs = advance(t, k, s, stop)
+        if segs:
+            out += generation(segs)
         for c in rest:
             out += _call_steps(graph, plan, c, t, homes, have)
         out.append(Step("end", t, "", tuple(range(plan.cluster.size))))

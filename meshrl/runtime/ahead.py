@@ -61,20 +61,35 @@ def _restore_own(engine: Engine, state: dict, t: int) -> None:
 def _restore_resharded(engine: Engine, states: list[dict], t: int) -> None:
     """Every saved rank's state of iteration t: each call's output rows are merged (they carry their
     row index) and the holder of each dp replica under this plan takes its replica's rows, split as
-    the call itself splits its input batch."""
+    the call itself splits its input batch; a streamed generation's rows in flight go to every rank
+    of the replica (runtime/stream.py), and come from every rank that saved them (duplicates dropped)."""
     parts: dict[str, list[Batch]] = {}
     for state in states:
         for name, b in state["held"].items():
             parts.setdefault(name, []).append(Batch(b["data"], b["index"]))
     for name, got in parts.items():
-        merged = Batch.merge(got) if got[0].index is not None else got[0]
+        merged = Batch.merge(_distinct(got)) if got[0].index is not None else got[0]
         pl = engine.plan.calls[name].placement
         if engine.rank not in pl.mesh:
             continue
         dp_i = pl.coords_of(engine.rank)[0]
-        if engine.rank == pl.holders()[dp_i]:
+        streamed = engine.cfg.train.stream_steps > 0 and engine.graph.call(name).kind == "generate"
+        if streamed or engine.rank == pl.holders()[dp_i]:
             inputs = engine._batch(t).only(tensor_keys(engine.graph.call(name).inputs))
             engine.held[(name, t)] = merged.select(inputs.split(pl.layout.dp)[dp_i].index)
     mine = states[engine.rank]["log"] if engine.rank < len(states) else None
     if mine is not None:  # its timings only: they are the saved ranks', not this plan's
         engine.logs[t] = RankLog(**mine)
+
+
+def _distinct(parts: list[Batch]) -> list[Batch]:
+    """``parts`` with each row index kept once (the first part that has it): the ranks of one
+    replica saved the same rows."""
+    seen: set[int] = set()
+    out = []
+    for p in parts:
+        keep = [i for i, r in enumerate(p.index.tolist()) if r not in seen]
+        seen.update(p.index[keep].tolist())
+        if keep:
+            out.append(Batch({k: v[keep] for k, v in p.data.items()}, p.index[keep]))
+    return out

@@ -30,12 +30,13 @@ from ..algo.calls import Place, row_wise
 from ..algo.dispatch import implementation
 from ..algo.demo_evals import Evaluation, evaluations
 from ..algo.graph import Graph, graph_of
+from ..algo.partial import STREAM_KEYS
 from ..algo.iteration import RL_ALGOS, dataset, iteration_batch, rollout_metrics
 from ..algo.registry import tensor_keys
 from ..config import Config
 from ..parallel.groups import GroupCache
 from ..parallel import comm
-from . import evals, memory
+from . import evals, memory, stream
 from ..plan.execution_plan import ExecutionPlan
 from ..plan.steps import Step, report_rank, steps
 from .roles import RoleModels, build_roles, initial_states
@@ -102,7 +103,8 @@ class Engine:
         already (its outputs are in ``held``). ``ahead``: the generations of this many iterations
         from ``start`` on are already in ``held`` (restored from a checkpoint), so they are not run
         again. Leaving the loop early (a re-plan) leaves the rest of the order unwalked."""
-        order = steps(self.graph, self.plan, start, stop, self.cfg.train.off_policy, ahead)
+        k = self.cfg.train.off_policy
+        order = steps(self.graph, self.plan, start, stop, k, ahead, self.cfg.train.stream_steps if k else 0)
         for step in with_evals(order, self.cfg, self.evals, start, stop, dist.get_world_size()):
             if self.rank not in step.ranks:
                 continue
@@ -202,6 +204,9 @@ class Engine:
         return self.store[t]
 
     def _call(self, step: Step) -> None:
+        if step.stream:  # streaming generation: segments of the batches in flight (runtime/stream.py)
+            stream.run(self, step)
+            return
         call, t = self.graph.call(step.call), step.iteration
         pl = self.plan.calls[call.name].placement
         role = self.roles[call.role]
@@ -229,7 +234,8 @@ class Engine:
             lg.stats.update(stats)
             lg.tokens = float(batch.tokens().sum())
             if call.role == "actor" and self.cfg.algo in RL_ALGOS:
-                lg.stats.update(rollout_metrics(batch, self.cfg, t))
+                streamed = {k: self._batch(t)[k] for k in STREAM_KEYS if k in self._batch(t)}  # token versions
+                lg.stats.update(rollout_metrics(batch.with_(**streamed), self.cfg, t))
 
     def _transfer(self, step: Step) -> None:
         t = step.iteration

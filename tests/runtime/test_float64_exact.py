@@ -10,6 +10,8 @@ those of the same sequences."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from meshrl.config import load_config
 from meshrl.runtime.launch import RankPool
 from meshrl.runtime.run import rank_main
 from oracle import one_process_metrics
+from runtime_util import random_plan
 from test_plans_equal import COMMON, CONFIGS, FLOOR, comparable, plans_for
 
 EXACT = 1e-9
@@ -95,6 +98,93 @@ def test_two_steps_off_policy_gives_the_same_figures_under_every_plan(pool):
         got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
         worst, where = worst_diff(want, got)
         print(f"off_policy=2 {name} vs colocated: worst scaled difference {worst:.1e} ({where})")
+        assert worst <= EXACT, where
+
+
+def gen_sharded(cfg):
+    """A random plan whose generation runs under tp 2 x pp 2 with 2 micro-batches: the rows in flight
+    are kept on the four ranks of the replica, and resharded from them on resume."""
+    plan = random_plan(cfg, 35)
+    cp = plan.calls["actor_gen"]
+    assert (cp.layout.tp, cp.layout.pp, cp.micro_batches) == (2, 2, 2)
+    return plan
+
+
+def test_a_streamed_run_killed_after_a_checkpoint_resumes_resharded_as_uninterrupted(tmp_path, monkeypatch):
+    """train.off_policy=2, train.stream_steps=2: 4 iterations on 4 ranks under ``gen_sharded``,
+    rank 0 killed as it starts training iteration 2 (the checkpoint of iteration 1 holds
+    batch 2 finished and batch 3 half-generated), --resume on 2 ranks colocated; every figure of the
+    4 iterations equals the uninterrupted run's (same first plan) to 1e-9."""
+    from meshrl.cli import main
+    from meshrl.observe.metrics import read_metrics
+
+    items = [*CONFIGS["ppo"], *COMMON, "train.dtype=float64", "train.threads=1", "--no-progress",
+             "train.off_policy=2", "train.stream_steps=2", "train.iterations=4", "train.save_every=1"]
+    plan = tmp_path / "gen-sharded.json"
+    plan.write_text(gen_sharded(config("ppo", ("train.off_policy=2", "train.stream_steps=2"))).to_json())
+    a, whole = tmp_path / "a", tmp_path / "whole"
+    monkeypatch.setenv("MESHRL_FAULT", "0:actor_train@2")
+    assert main(["train", *items, "--nprocs", "4", "--plan", str(plan), "--out", str(a)]) != 0
+    monkeypatch.delenv("MESHRL_FAULT")
+    assert [p.name for p in a.glob("ckpt-*")] == ["ckpt-000001"]
+    assert json.loads((a / "ckpt-000001" / "meta.json").read_text())["ahead"] == [2, 3]
+    assert main(["train", *items, "--nprocs", "2", "--plan", "colocated", "--out", str(a), "--resume"]) == 0
+    assert main(["train", *items, "--nprocs", "4", "--plan", str(plan), "--out", str(whole)]) == 0
+    got, want = read_metrics(a / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl")
+    assert want[3]["rollout/interrupted"] > 0
+    worst, where = worst_diff(want, got)
+    print(f"streamed resharded resume vs uninterrupted: worst scaled difference {worst:.1e} ({where})")
+    assert worst <= EXACT, where
+
+
+def test_streamed_partial_rollouts_give_the_same_figures_under_every_plan(pool):
+    """train.off_policy=2 with train.stream_steps=2 (gen_len 6): each batch is admitted two versions
+    before it trains, its first 2 tokens sampled there and the rest after the next update (its
+    sequences in flight continue under the new weights). The weight updates land at fixed decode
+    steps, so four plans (generation under dp 4, dp 2, tp 4, tp 2 x pp 2) agree to 1e-9; sequences were interrupted
+    and the staleness is per token. With stream_steps >= gen_len nothing is in flight across an
+    update: exactly the whole-batch off_policy=2 run."""
+    torch.set_num_threads(1)
+    cfg = config("ppo", ("train.off_policy=2", "train.stream_steps=2", "train.iterations=4"))
+    plans = plans_for(cfg)
+    want = pool.run(rank_main, cfg, plans["colocated"], None, quiet=True)[0]
+    assert [r["rollout/staleness_max"] for r in want] == [0.0, 1.0, 2.0, 2.0]
+    assert all(r["rollout/interrupted"] > 0 for r in want[2:]) and want[0]["rollout/interrupted"] == 0.0
+    assert all(1.0 < r["rollout/staleness_mean"] < 2.0 for r in want[2:])
+    whole = pool.run(rank_main, config("ppo", ("train.off_policy=2", "train.iterations=4")), plans["colocated"],
+                     None, quiet=True)[0]
+    assert [r["reward/mean"] for r in whole[2:]] != [r["reward/mean"] for r in want[2:]]
+    same = pool.run(rank_main, config("ppo", ("train.off_policy=2", "train.stream_steps=6", "train.iterations=4")),
+                    plans["colocated"], None, quiet=True)[0]
+    assert worst_diff(whole, same)[0] == 0.0
+    plans["gen-sharded"] = gen_sharded(cfg)
+    for name in ("disaggregated", "heuristic", "gen-sharded"):
+        got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
+        worst, where = worst_diff(want, got)
+        print(f"off_policy=2 stream_steps=2 {name} vs colocated: worst scaled difference {worst:.1e} ({where})")
+        assert worst <= EXACT, where
+
+
+@pytest.mark.parametrize("algo", ["grpo", "remax"])
+def test_streamed_groups_and_the_greedy_baseline_agree_under_two_plans(algo, pool):
+    """Streaming with k = 3, S = 2 for GRPO (groups of 2 samples; sequences span up to three
+    versions; decoupled PPO, whose truncated weight pi_prox / pi_behav takes each token's own
+    version) and ReMax (its greedy baseline streamed too): heuristic and disaggregated agree with
+    colocated to 1e-9, and some sequences were interrupted before their bound."""
+    torch.set_num_threads(1)
+    base = CONFIGS["grpo"] + ["ppo.decoupled=true"] if algo == "grpo" else ["algo=remax", "data.batch_size=8"]
+    cfg = load_config(None, base + COMMON + ["train.dtype=float64", "train.off_policy=3", "train.stream_steps=2",
+                                             "train.iterations=4"])
+    plans = plans_for(cfg)
+    want = pool.run(rank_main, cfg, plans["colocated"], None, quiet=True)[0]
+    assert want[3]["rollout/staleness_max"] == 3.0
+    assert want[3]["rollout/interrupted"] > want[3]["rollout/at_bound"]  # interrupted, then ended before the bound
+    if algo == "grpo":
+        assert abs(want[3]["rollout/is_weight_mean"] - 1.0) > 1e-3  # stale tokens: weights away from 1
+    for name in ("disaggregated", "heuristic"):
+        got = pool.run(rank_main, cfg, plans[name], None, quiet=True)[0]
+        worst, where = worst_diff(want, got)
+        print(f"{algo} off_policy=3 stream_steps=2 {name} vs colocated: worst scaled difference {worst:.1e} ({where})")
         assert worst <= EXACT, where
 
 

@@ -69,15 +69,18 @@ def _final_params(out: Path) -> dict[str, torch.Tensor]:
     return {k: reader.full(k) for k in reader.index["tensors"]}
 
 
-@pytest.mark.parametrize("mode", ["sync", "async", "async2"])
+@pytest.mark.parametrize("mode", ["sync", "async", "async2", "stream2"])
 @pytest.mark.parametrize("trial", range(int(os.environ.get("MESHRL_RESUME_TRIALS", "2"))))
 def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factory, trial, mode):
     """``async`` (train.off_policy=1): the checkpoint after iteration t also holds the batch of t+1
     generated during t (from weights one update old); resume must use it, not generate it again.
-    ``async2`` (train.off_policy=2): it holds the batches of t+1 and t+2."""
+    ``async2`` (train.off_policy=2): it holds the batches of t+1 and t+2. ``stream2`` (and
+    train.stream_steps=2, partial rollouts): batch t+1 finished, t+2 half-generated (its sequences
+    in flight, with their tokens' versions), continued after the resume."""
     base = tmp_path_factory.getbasetemp()
     plan = "disaggregated"
-    cfg = {"sync": [], "async": ["train.off_policy=1"], "async2": ["train.off_policy=2"]}[mode]
+    cfg = {"sync": [], "async": ["train.off_policy=1"], "async2": ["train.off_policy=2"],
+           "stream2": ["train.off_policy=2", "train.stream_steps=2"]}[mode]
     ref_dir = base / f"uninterrupted-{mode}"
     if not ref_dir.exists():
         proc = _start(ref_dir, cfg, {}, plan)
