@@ -28,6 +28,7 @@ from real_grid import GENS, SIZES, SMALL  # noqa: E402
 
 from meshrl.commands.plan_dry_run import errors, report  # noqa: E402
 from meshrl.config import load_config  # noqa: E402
+from meshrl.errors import UserError  # noqa: E402
 from meshrl.plan.problem import problem_from_config  # noqa: E402
 from meshrl.plan.report import compare  # noqa: E402
 
@@ -35,6 +36,9 @@ MOE = (("qwen3-30b-a3b", "Qwen3-30B-A3B"), ("mixtral-8x7b", "Mixtral-8x7B"))
 
 
 def grid_cells(scales: list[str], models: list[str], gens: list[int]):
+    """(setting, model label, GPUs, gen, actor preset, critic preset) of each cell; a cell whose
+    models and GPUs equal an earlier one's (7B: scale actor is scale critic) comes once."""
+    seen = set()
     for scale in scales:
         for preset, label, gpus in SIZES:
             if label not in models:
@@ -43,7 +47,9 @@ def grid_cells(scales: list[str], models: list[str], gens: list[int]):
             critic = preset if scale in ("critic", "both") else SMALL
             n = gpus * 2 if scale == "both" else gpus
             for gen in gens:
-                yield f"scale {scale}", label, n, gen, actor, critic
+                if (n, gen, actor, critic) not in seen:
+                    seen.add((n, gen, actor, critic))
+                    yield f"scale {scale}", label, n, gen, actor, critic
 
 
 def overrides(actor: str, critic: str, n: int, gen: int) -> list[str]:
@@ -54,15 +60,15 @@ def overrides(actor: str, critic: str, n: int, gen: int) -> list[str]:
 
 
 def run_cell(over: list[str], strategies: list[str], steps: int):
-    """[(strategy, plan, dry-run report)] for one cell."""
+    """[(strategy, plan, dry-run report, seconds)] for one cell: the strategies planned once
+    (the search among them), each plan's dry run timed on its own."""
     cfg = load_config(None, over)
     prob = problem_from_config(cfg)
     results, _ = compare(prob, strategies, steps=steps)
-    out = []
     for s in strategies:
-        r = results[s]
-        out.append((s, r.plan, report(cfg, prob, r.plan, every_rank=False, decode="ends")))
-    return out
+        t0 = time.perf_counter()
+        rep = report(cfg, prob, results[s].plan, every_rank=False, decode="ends")
+        yield s, results[s].plan, rep, time.perf_counter() - t0
 
 
 def row(setting: str, label: str, n: int, gen: int, strategy: str, plan, rep: dict) -> str:
@@ -100,23 +106,35 @@ def main() -> int:
     if args.moe or args.no_grid:
         todo += [("MoE", label, 64, 128, preset, preset) for preset, label in MOE]
     for setting, label, n, gen, actor, critic in todo:
-        for strategy, plan, rep in run_cell(overrides(actor, critic, n, gen), strategies, args.steps):
-            all_errs += errors(rep)
-            line = row(setting, label, n, gen, strategy, plan, rep)
-            lines.append(line)
-            print(line, flush=True)
-    total = time.perf_counter() - t0
+        try:
+            for strategy, plan, rep, secs in run_cell(overrides(actor, critic, n, gen), strategies, args.steps):
+                all_errs += errors(rep)
+                line = row(setting, label, n, gen, strategy, plan, rep)
+                lines.append(line)
+                print(line, f"({secs:.0f} s)", flush=True)
+                write(args.out, lines, all_errs, time.perf_counter() - t0, done=False)
+        except UserError as e:  # no plan fits: the cell's row says so
+            lines.append(f"| {setting} | {label} | {n} | {gen} | - | - | - | - | {e} |")
+            print(lines[-1], flush=True)
+    write(args.out, lines, all_errs, time.perf_counter() - t0, done=True)
+    return 0
+
+
+def write(out: str, lines: list[str], all_errs: list[float], total: float, done: bool) -> None:
+    """The table so far and its error summary to ``out`` (rewritten after every cell)."""
     summary = (f"\nOver {len(all_errs)} (call, simulated rank) pairs: median |error| "
                f"{statistics.median(all_errs):.1%}, worst {max(all_errs):.1%}." if all_errs else "\nNo cell ran.")
     cmd = "python bench/dry_run_grid.py " + " ".join(sys.argv[1:])
-    note = (f"{summary}\nEach cell: one iteration of the plan at full size on fake tensors and fake process groups "
-            f"(worst case: every response to data.gen_len, no padding removed; decoding's first and last two "
-            f"steps), bf16, H100 preset (80 GB).\nProduced by `{cmd.strip()}` in {total:.0f} s.\n")
-    print(note)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("# Predicted against dry-run peak memory (ReaL's grid, MoE presets)\n\n"
-                              + "\n".join(lines) + "\n" + note)
-    return 0
+    partial = "" if done else "\n(Partial: the run had not finished when this was written.)"
+    note = (f"{summary}{partial}\nEach cell: one iteration of the plan at full size on fake tensors and fake "
+            f"process groups (worst case: every response to data.gen_len, no padding removed; "
+            f"decoding's first and last two steps; MoE: each token's top-k experts on the rank), "
+            f"bf16, H100 preset (80 GB).\nProduced by `{cmd.strip()}` in {total:.0f} s.\n")
+    if done:
+        print(note)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text("# Predicted against dry-run peak memory (ReaL's grid, MoE presets)\n\n"
+                         + "\n".join(lines) + "\n" + note)
 
 
 if __name__ == "__main__":

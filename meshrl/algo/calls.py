@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model import worst_case
 from ..model.heads import HeadOutputs
 from .advantages import last_token_index
 from .batch import Batch
@@ -130,13 +131,14 @@ def _minibatches(data: Batch, ctx: CallContext, place: Place):
     """(replica part as a dict of tensors, its micro-batch count, the whole mini-batch's counts) of
     each keyed mini-batch."""
     cfg = ctx.cfg
-    for epoch in range(cfg.ppo.epochs):
-        for rows in minibatch_rows(len(data), cfg.ppo.mini_batches, cfg.train.seed, ctx.iteration, epoch):
-            mb = data.select(rows)
-            norm = Norm(tokens=float(mb["response_mask"].sum().clamp(min=1)), seqs=float(len(mb)),
-                        width=float(mb["response_mask"].shape[1]))
-            part = mb.split(place.dp_size)[place.dp_index] if place.dp_size > 1 else mb
-            yield dict(part.data), min(place.micro_batches, len(part)), norm
+    keys = [(epoch, rows) for epoch in range(cfg.ppo.epochs)
+            for rows in minibatch_rows(len(data), cfg.ppo.mini_batches, cfg.train.seed, ctx.iteration, epoch)]
+    for i in worst_case.repeated_steps(len(keys)):  # every step, except in a dry run (model/worst_case.py)
+        mb = data.select(keys[i][1])
+        norm = Norm(tokens=float(mb["response_mask"].sum().clamp(min=1)), seqs=float(len(mb)),
+                    width=float(mb["response_mask"].shape[1]))
+        part = mb.split(place.dp_size)[place.dp_index] if place.dp_size > 1 else mb
+        yield dict(part.data), min(place.micro_batches, len(part)), norm
 
 
 def scheduled_step(h: ModelHandle, ctx: CallContext, k: int) -> float:

@@ -66,7 +66,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dry-run-ranks", choices=("classes", "all"), default="classes",
                    help="simulate one rank per symmetry class and a checking member (default), or every rank")
     p.add_argument("--dry-run-decode", choices=("ends", "all"), default="ends",
-                   help="decoding steps the dry run executes: the first and last two (default) or all")
+                   help="decoding steps the dry run executes: the first and last two (default; and a train "
+                   "call's first two optimizer steps) or all")
     p.add_argument("--max-ranks", type=int, default=8, metavar="N",
                    help="the most local ranks --validate may start (default 8)")
 

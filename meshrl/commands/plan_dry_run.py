@@ -16,7 +16,7 @@ import statistics
 GIB = 2**30
 WORST_CASE = ["generation: every row runs to data.gen_len (no EOS, no compaction)",
               "no padding removed (every column and token counts as real)",
-              "MoE: every expert receives every token (the most the router can send it)"]
+              "MoE: every token's top-k picks on the rank's own experts (min(k, held) experts get every token)"]
 OBJECTS = ("object collectives (gather_object, all_gather_object, broadcast_object) are checked for order "
            "and root only: the fake group moves no object, so each rank keeps its own")
 
@@ -36,8 +36,11 @@ def report(cfg, problem, plan, every_rank: bool, decode: str, log=None) -> dict:
                        "dry_run_mem_gib": max(measured) if measured else None, "ranks": ranks}
     cap = problem.hw.mem_bytes / GIB
     fits = all(c["dry_run_mem_gib"] is not None and c["dry_run_mem_gib"] <= cap for c in calls.values())
+    steps = cfg.ppo.epochs * cfg.ppo.mini_batches
     worst = WORST_CASE + ([f"decoding: the first two and last two steps of {cfg.data.gen_len} (each step has the "
-                           "shapes of its neighbours, one token of context apart)"] if decode == "ends" else [])
+                           "shapes of its neighbours, one token of context apart)",
+                           f"training: the first {min(2, steps)} of each train call's {steps} optimizer steps (alike "
+                           "mini-batches: same rows, shapes and collectives)"] if decode == "ends" else [])
     return {"calls": calls,
             "collectives": {"checked": res.checked, "mismatched": [m.to_dict() for m in res.mismatched],
                             "object_collectives": OBJECTS},

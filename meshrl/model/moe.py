@@ -62,9 +62,15 @@ class ExpertList(nn.ModuleList):
         out = torch.zeros_like(x)
         hit = False
         for j, expert in enumerate(self):
-            if worst_case.active():  # a dry run: every token to this expert (its top pick)
+            if worst_case.active():
+                # A dry run: the most the router can send these experts is every token's k picks,
+                # so the first min(k, held) of them take every token (pick j) and the rest none.
+                # One expert at a time this is each expert's peak; a training forward keeps all
+                # of them for the backward, so it is also the sum's worst case.
+                if j >= idx.shape[1]:
+                    continue
                 rows = torch.arange(x.shape[0], device=x.device)
-                slot = torch.zeros_like(rows)
+                slot = torch.full_like(rows, j)
             else:
                 rows, slot = torch.where(idx == self.first + j)
             if rows.numel() == 0:

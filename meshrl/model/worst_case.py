@@ -9,13 +9,16 @@ pre-flight check wants to see:
   the output as wide as the budget) (model/generation.py, parallel/generate_micro.py);
 - padding: no column or token is trimmed as padding (model/heads.real_columns,
   model/batch_layout.Unpad.of);
-- MoE routing: every expert receives every token of the batch, the most one expert can get under
-  the router, one expert at a time (model/moe.ExpertList).
+- MoE routing: every token's k picks land on this rank's experts, as unevenly as the router
+  allows: min(k, experts held) of them receive every token of the batch (the most one expert can
+  get), the others none (model/moe.ExpertList).
 
 With ``decode="ends"`` a decoding loop runs only its first two and last two steps
 (``decode_steps``): every step of the worst case has the same shapes but a context one token
-longer, so the last ones hold the most and the skipped ones issue the same collectives; this keeps a
-full-size dry run to minutes. ``decode="all"`` runs every step.
+longer, so the last ones hold the most and the skipped ones issue the same collectives; and a train
+call runs the first two of its optimizer steps (``repeated_steps``: every mini-batch of the worst
+case has the same rows and lengths). This keeps a full-size dry run to minutes. ``decode="all"``
+runs every step.
 
 The dry run of a GPU cluster executes fake *CPU* tensors (fake CUDA tensors need a CUDA build);
 ``device_type(t)`` gives the branches that differ by device the device being simulated ("cuda"),
@@ -46,6 +49,16 @@ def decode_steps(n: int, start: int = 0) -> Iterable[int]:
     if not _ON["on"] or _ON["decode"] == "all":
         return range(start, n)
     return sorted({s for s in (start, start + 1, n - 2, n - 1) if start <= s < n})
+
+
+def repeated_steps(n: int) -> Iterable[int]:
+    """The steps to run of a loop of ``n`` steps that the worst case makes alike (a train call's
+    optimizer steps: equal mini-batches of full-length rows): all of them, or under
+    ``decode="ends"`` the first two (the first makes any state the later ones reuse, the second
+    stands for every later one: same shapes, same collectives)."""
+    if not _ON["on"] or _ON["decode"] == "all":
+        return range(n)
+    return range(min(n, 2))
 
 
 def device_type(t: torch.Tensor) -> str:

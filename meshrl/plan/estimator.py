@@ -15,11 +15,10 @@ The model, per call kind (``docs/planner.md`` derives each term):
 - TP: 2 all-reduces of the activations per layer forward, 2 more backward (Megatron-LM);
   generation all-gathers the vocabulary-parallel logits each step. PP: one activation send per
   stage boundary per micro-batch. DP: per optimizer step, the bucketed gradient all-reduce and
-  ZeRO-1's bucketed all-gather of the updated parameters. Optimizer: AdamW
-  reads and writes 28 B per parameter.
+  ZeRO-1's bucketed all-gather of the updated parameters. Optimizer: AdamW reads and writes 28 B per parameter.
 - memory per device: bf16 weights of the largest stage / tp; a trained role adds bf16 gradients
   and 12 B/param of fp32 Adam state sharded over dp (ZeRO-1; Rajbhandari et al. 2020); plus
-  activations (Korthikanti et al. 2022) and the KV cache.
+  activations (the tensors meshrl's layers keep for the backward, model_costs.py) and the KV cache.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from .hardware import Hardware
 from .model_costs import ModelCosts, model_costs
 
 ADAM_STATE_BYTES = 12  # fp32 master weights + m + v per parameter (ZeRO paper, K = 12)
-
 ADAM_STEP_BYTES = 28  # read master, m, v (12) + bf16 grad (2); write master, m, v (12) + bf16 param (2)
 LOGIT_BYTES = 4  # logits are kept in fp32 for the softmax / log-probs
 DP_BUCKET_BYTES = 25 << 20  # train.grad_bucket_mb's default (parallel/data.py BUCKET_BYTES); RunShape has the setting
@@ -51,8 +49,10 @@ class _Ctx:
     gen_compiled: bool = False  # gen.compile, where it applies (tp = 1)
 
     def speed(self, kind: str) -> float:
-        """The hardware's compiled / eager factor of the layers for ``kind`` where it runs compiled, else 1."""
-        on = self.gen_compiled if kind in ("prefill", "decode") else self.train_compiled
+        """The hardware's compiled / eager factor of the layers for ``kind`` where it runs compiled, else 1
+        (an MoE model's prefill stays eager under gen.compile: model/compiled_layers.py prefill_layer)."""
+        moe_prefill = kind == "prefill" and bool(self.mc.cfg.num_experts)
+        on = (self.gen_compiled and not moe_prefill) if kind in ("prefill", "decode") else self.train_compiled
         return self.hw.compiled.of(kind) if on else 1.0
 
     @property
@@ -258,11 +258,13 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     flops += seqs * (gen * mc.matmul_flops_per_token() + mc.attn_flops(gen, shape.prompt_len + gen))
     # KV cache: every row's slots for the whole budget; a compacting (paged) engine holds the tokens
     # of the rows it runs, on average the prompt and the mean response. Logits and the prefill's
-    # activations: one micro-batch's at a time.
+    # working set (a layer's forward without autograd): one micro-batch's at a time.
     kv_len = shape.prompt_len + shape.mean_len if shape.compact else shape.seq_len
     kv = s_dp * kv_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     logits = bm * mc.out_width / c.lay.tp * LOGIT_BYTES
-    prefill_act = bm * shape.prompt_len * mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
+    prefill_act = bm * shape.prompt_len * mc.infer_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
+    if c.hw.name == "cpu" and c.hw.dtype_bytes == 2:  # bf16 decoding on a CPU fuses q|k|v and gate|up: copies
+        prefill_act += mc.fused_decode_bytes(c.lay.pp, c.lay.tp, c.hw.dtype_bytes)
     # the share of the stages computing at once: their busy seconds over pp x the call's
     active = min(1.0, busy / (c.lay.pp * t)) if t > 0 else 1.0
     return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=active)
@@ -296,7 +298,9 @@ def _inference(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     t = _pipeline(c, m, step, parts, acc)
     seqs = spec.sequences(shape)
     flops = seqs * (s * c.mc.matmul_flops_per_token() + c.mc.attn_flops(s, s))
-    act = b * s * (c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes) + c.mc.out_width / c.lay.tp * LOGIT_BYTES)
+    # a micro-batch's forward without autograd: the larger of a layer's working set and the head's
+    dt = c.hw.dtype_bytes
+    act = b * s * max(c.mc.infer_bytes_per_token(c.lay.tp, dt), c.mc.head_bytes_per_token(c.lay.tp, dt))
     return Estimate(t, flops, c.stage_param_bytes, 0.0, act, acc, active=_busy_share(c, m))
 
 
@@ -337,12 +341,13 @@ def _train(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     wide = c.hw.dtype_bytes >= 4
     state = (2 * c.hw.dtype_bytes if wide else ADAM_STATE_BYTES) * n_local / c.lay.dp
     in_flight = min(m, c.lay.pp)
-    layer_act = b * s * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes)
+    layer_act = b * s * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes, cpu=c.hw.name == "cpu")
     if shape.activation_checkpointing:  # each layer's input kept; one layer's activations while it recomputes
         act = in_flight * b * s * c.stage_layers * c.mc.cfg.hidden_size * c.hw.dtype_bytes + layer_act
     else:
         act = in_flight * c.stage_layers * layer_act
-    logits = 2 * b * s * c.mc.out_width / c.lay.tp * LOGIT_BYTES  # logits and their gradient
+    # the head (logits, their float32 copies and gradient) and the final norm, one micro-batch's
+    logits = b * s * c.mc.head_bytes_per_token(c.lay.tp, c.hw.dtype_bytes, train=True)
     # Besides the gradients, the larger of two needs that never overlap in the runtime: the
     # backward's activations and logits; the optimizer step's buffers: fp32 copies of the gradient
     # chunks (bf16 weights), then ZeRO-1's all-gather bucket (this rank's chunks and every rank's,

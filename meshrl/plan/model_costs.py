@@ -84,12 +84,98 @@ class ModelCosts:
         heads = max(1, self.cfg.num_key_value_heads // tp)
         return 2 * heads * self.cfg.head_dim * dtype_bytes
 
-    def act_bytes_per_token_layer(self, tp: int, dtype_bytes: int = BF16) -> float:
-        """Activation memory kept for backward per token per layer: Korthikanti et al. 2022
-        ("Reducing Activation Recomputation in Large Transformer Models", eq. 2 with tensor
-        parallelism) h * (10 + 24/t) bytes, without the 5*a*s/h score term that FlashAttention
-        (Dao et al. 2022) never stores."""
-        return self.cfg.hidden_size * (10 + 24 / tp) * dtype_bytes / BF16
+    def act_bytes_per_token_layer(self, tp: int, dtype_bytes: int = BF16, cpu: bool = False) -> float:
+        """Activation memory a training forward keeps for the backward, per token per layer on one
+        TP rank, as the runtime's layers keep it (model/transformer.py, moe.py; no sequence
+        parallelism, no dropout): each RMSNorm its float32 input, its normalised output cast back
+        and its scaled output (the next matmuls' input), unsharded; attention the rotated q and k,
+        v, SDPA's output and its log-sum-exp (FlashAttention: no score matrix), Qwen3's q/k norms'
+        float32 copies and casts; a dense SwiGLU MLP gate, up, silu(gate) and their product; a MoE
+        block the router's logits and float32 probabilities and, per expert, its tokens' input,
+        SwiGLU intermediates and output. Under the memory worst case of a dry run (model/
+        worst_case.py) every token's top-k experts are on this rank: min(k, experts per rank) of
+        them take every token. (Korthikanti et al. 2022's h(10 + 24/t) counts a GPT layer in bf16
+        with 2-byte LayerNorm inputs, a 4h GeLU MLP and dropout masks: not this layer.) ``cpu``: bf16
+        attention on a CPU runs in float32 (model/transformer.py): SDPA keeps float32 q, k, v and
+        output, and o_proj the output cast back."""
+        cfg, dt, w = self.cfg, dtype_bytes, max(4, dtype_bytes)
+        h = cfg.hidden_size
+        q, kv = cfg.q_size / tp, max(1, cfg.num_key_value_heads // tp) * cfg.head_dim
+        norms = 2 * ((w + 2 * dt) * h + 4)  # + the float32 rsqrt of each row
+        heads = cfg.q_size / cfg.head_dim / tp
+        attn = (2 * q + 2 * kv) * dt + 4 * heads
+        if cpu and dt < 4:
+            attn = (2 * q + 2 * kv) * 4 + q * dt + 4 * heads
+        if cfg.qk_norm:  # per head: float32 copy, cast back, rsqrt
+            attn += (w + dt) * (q + kv) + 4 * (heads + kv / cfg.head_dim)
+        return norms + attn + self._ffn_mean(tp, lambda i: 4 * i * dt, self._moe_saved(tp, dt))
+
+    def _moe_saved(self, tp: int, dt: int) -> float:
+        cfg = self.cfg
+        if not cfg.num_experts:
+            return 0.0
+        k = cfg.num_experts_per_tok
+        router = 4 * cfg.num_experts + 12 * k + 4  # float32 softmax, top-k values and ids, their sum
+        # per expert: its tokens' input copy, SwiGLU's four, the output, the weighted output (index_add_
+        # keeps its source), the routing weight and the row / slot ids
+        per_expert = (3 * cfg.hidden_size + 4 * cfg.moe_intermediate_size + 1) * dt + 16
+        return router + min(cfg.num_experts_per_tok, cfg.num_experts // tp) * per_expert
+
+    def _ffn_mean(self, tp: int, dense, moe: float) -> float:
+        """The MLP term averaged over the layers (Qwen3-MoE may mix dense and sparse ones)."""
+        cfg = self.cfg
+        n_moe = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+        n = cfg.num_hidden_layers
+        return (n_moe * moe + (n - n_moe) * dense(cfg.intermediate_size / tp)) / n
+
+    def infer_bytes_per_token(self, tp: int, dtype_bytes: int = BF16) -> float:
+        """The most bytes per token one decoder layer holds at once in a forward without autograd
+        (inference, a prefill), as model/transformer.py runs it: the layer's input (the caller
+        holds it), the attention output and the residual sum, then the larger of the
+        post-attention RMSNorm's float32 copy and square, the MLP's three intermediates beside
+        the normalised input, or attention's q, k, v and rotation temporaries (the rotated q
+        and k beside the originals: 4 q + 2 kv widths); and rope's cos and sin."""
+        cfg, dt, w = self.cfg, dtype_bytes, max(4, dtype_bytes)
+        h = cfg.hidden_size
+        copy = w if dt < w else 0  # float32 copy of a bf16 tensor (none when it is already float32)
+        q, kv = cfg.q_size / tp, max(1, cfg.num_key_value_heads // tp) * cfg.head_dim
+        norm = 3 * dt * h + (copy + w) * h
+        attn = 2 * dt * h + (4 * q + 2 * kv) * dt
+        if cfg.qk_norm:  # q's RMSNorm over heads: its float32 copy and square beside q, k and v
+            attn = max(attn, 2 * dt * h + (q + 2 * kv) * dt + (copy + w) * q)
+        if cfg.num_experts:
+            # one expert at a time, every token: beside the four above, the block's output, the
+            # previous expert's output, this one's input copy and three intermediates; the router's
+            # logits, top-k ids and weights, the row and slot ids
+            e, k = cfg.moe_intermediate_size, cfg.num_experts_per_tok
+            moe = (7 * h + 3 * e) * dt + dt * cfg.num_experts + (8 + 4) * k + 16
+        else:
+            moe = 0.0
+        ffn = self._ffn_mean(tp, lambda i: (4 * h + 3 * i) * dt, moe)
+        return max(norm, attn, ffn) + 2 * cfg.head_dim * dt  # + rope's cos and sin
+
+    def head_bytes_per_token(self, tp: int, dtype_bytes: int = BF16, train: bool = False) -> float:
+        """The output head's peak per token on the last stage: a language model's vocabulary slice
+        of logits, its float32 copy, shifted logits and their exponentials (parallel/tensor.py
+        vocab_parallel_logprobs), beside the normalised hidden state; in training also their
+        gradient, and the final RMSNorm's saved tensors (its backward's float32 temporaries
+        when larger than the logits'). A value head's one column is negligible."""
+        dt, w, h = dtype_bytes, max(4, dtype_bytes), self.cfg.hidden_size
+        copy = w if dt < w else 0
+        logits = 0.0 if self.value_head else (dt + copy + 2 * w + (w if train else 0)) * self.cfg.vocab_size / tp
+        if not train:
+            return dt * h + logits
+        return (w + 2 * dt) * h + max(logits, 4 * w * h)
+
+    def fused_decode_bytes(self, pp: int, tp: int, dtype_bytes: int) -> float:
+        """The second copy of the largest stage's q|k|v and gate|up weights that decoding in bf16 on
+        a CPU makes (model/generation.fuse_projections), per TP rank."""
+        cfg = self.cfg
+        kv = max(1, cfg.num_key_value_heads // tp) * cfg.head_dim
+        per_layer = cfg.hidden_size * (cfg.q_size / tp + 2 * kv)
+        n_dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+        per_layer += n_dense / cfg.num_hidden_layers * 2 * cfg.hidden_size * cfg.intermediate_size / tp
+        return -(-cfg.num_hidden_layers // pp) * per_layer * dtype_bytes
 
     @property
     def out_width(self) -> int:

@@ -5,7 +5,7 @@ Every simulated rank (fake_world.py: its own fake world and thread, taking turns
 ``Engine`` for the plan (the same roles, ParallelModels, optimizer, reallocators and step walk as
 ``meshrl train``) inside a ``FakeTensorMode`` (shapes, dtypes, no storage) and runs iteration 0
 with meshrl.model.worst_case on: every response runs to ``data.gen_len``, no padding is removed,
-each MoE expert gets every token. What it measures (fake_exec.py, collective_audit.py):
+min(k, experts held) MoE experts of each layer get every token. What it measures (fake_exec.py, collective_audit.py):
 
 - per step and rank: the bytes live at the step's peak (parameters, gradients, optimizer state,
   copies, activations, buffers: every storage an op made and has not freed), next to the

@@ -170,3 +170,14 @@ def test_a_7b_plan_on_8_fake_ranks():
             for c, per in res.predicted.items() for r, p in per.items() if r in res.simulated]
     assert statistics.median(errs) <= 0.10 and max(errs) <= 0.25, errs
     assert max(res.measured(c, r) for c, per in res.predicted.items() for r in per) < prob.hw.mem_bytes
+
+
+@pytest.mark.timeout(900)
+def test_the_steps_the_dry_run_skips_change_no_peak():
+    """decode='ends' (the first two of a train call's four optimizer steps, the first and last two
+    of each decoding loop) against every step executed: the same peak per call and rank."""
+    cfg, prob, plan = _setup(2, "dp2tp1pp1", ("ppo.mini_batches=4", "data.gen_len=8"))
+    ends, every = dry_run(cfg, prob, plan, decode="ends"), dry_run(cfg, prob, plan, decode="all")
+    assert ends.failures == [] and every.failures == []
+    assert _peaks(ends) == _peaks(every)
+    assert every.checked > ends.checked  # the skipped steps' collectives

@@ -1,0 +1,105 @@
+"""The estimator's activation terms (plan/model_costs.py) against what the model code itself holds.
+
+Oracle: the real decoder (meshrl/model/transformer.py) run on fake tensors with a byte counter
+(runtime/fake_exec.FakeRank): the bytes autograd keeps after a training forward, and the peak of a
+forward without autograd, per token and layer, counted by torch rather than by the formula.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from meshrl.model import worst_case
+from meshrl.model.presets import get_preset
+from meshrl.model.transformer import Backbone
+from meshrl.plan.model_costs import model_costs
+from meshrl.runtime.fake_exec import FakeRank
+
+B, S = 4, 256
+DTYPES = {"bfloat16": (torch.bfloat16, 2), "float32": (torch.float32, 4)}
+
+
+def _cfg(preset: str, layers: int = 3):
+    """The preset with a few layers: the peak of a forward without autograd is in a layer after the
+    first, whose input the caller holds (the first one's is the test's, counted before)."""
+    return dataclasses.replace(get_preset(preset), num_hidden_layers=layers)
+
+
+def _measure(cfg, dtype: torch.dtype, grad: bool, device: str | None = "cuda") -> tuple[float, float]:
+    """-> (bytes kept after a forward of the layers with autograd, peak above the input without);
+    ``device``: the device type the model code's branches take (None: the CPU the tensors are on)."""
+    before = torch.get_default_dtype()
+    with FakeTensorMode(), FakeRank() as counter, worst_case.worst_case(device=device):
+        torch.set_default_dtype(dtype)  # fake weights of the dtype, made so (fake storages can't be cast in place)
+        try:
+            model = Backbone(cfg)
+        finally:
+            torch.set_default_dtype(before)
+        model.embed_tokens, model.norm = None, None  # the decoder layers alone
+        x = torch.randn(B, S, cfg.hidden_size, dtype=dtype, requires_grad=grad)
+        base = counter.live
+        counter.start_window()
+        with torch.set_grad_enabled(grad):
+            out = model(x)
+        # the layers' output is the caller's; their input too, but a float32 norm keeps it itself
+        # (a bf16 one keeps a float32 copy, counted), as it keeps every other layer's input
+        kept = counter.live - base - out.numel() * out.element_size()
+        if dtype.itemsize >= 4:
+            kept += x.numel() * x.element_size()
+        return kept, counter.window.peak - base
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-llama3", "tiny-qwen3", "tiny-moe"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_training_forward_keeps_what_the_estimator_prices(preset, dtype):
+    cfg = _cfg(preset)
+    torch_dtype, nbytes = DTYPES[dtype]
+    kept, _ = _measure(cfg, torch_dtype, grad=True)
+    per = kept / (B * S * cfg.num_hidden_layers)
+    # rope's cos/sin [B, S, head_dim] are kept once, not per layer: within a few percent
+    assert per == pytest.approx(model_costs(cfg).act_bytes_per_token_layer(1, nbytes), rel=0.04), per
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-llama3", "tiny-qwen3", "tiny-moe"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_forward_without_autograd_peaks_where_the_estimator_says(preset, dtype):
+    cfg = _cfg(preset)
+    torch_dtype, nbytes = DTYPES[dtype]
+    _, peak = _measure(cfg, torch_dtype, grad=False)
+    per = peak / (B * S)
+    assert per == pytest.approx(model_costs(cfg).infer_bytes_per_token(1, nbytes), rel=0.05), per
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
+def test_the_fused_decoding_copies_of_bf16_on_a_cpu_are_priced(preset):
+    """Generation in bf16 on a CPU copies each layer's q|k|v and gate|up weights (model/generation.py
+    fused_weights): the estimator adds those bytes to a generate call there, and only there."""
+    from meshrl.layout.mesh import Layout
+    from meshrl.model.generation import fused_weights
+    from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
+    from meshrl.plan.hardware import PRESETS
+
+    cfg = _cfg(preset)
+    model = Backbone(cfg).to(torch.bfloat16)
+    copies = 0
+    for layer in model.layers:
+        qkv, gate_up = fused_weights(layer)
+        copies += sum(t.numel() * t.element_size() for t in (qkv[0], gate_up) if t is not None)
+    assert model_costs(cfg).fused_decode_bytes(1, 1, 2) == copies
+    spec, shape = CallSpec("actor_gen", "actor", "generate", cfg), RunShape(16, 16, 8)
+    gpu = PRESETS["h100-80g"]
+    extra = {name: estimate_call(spec, shape, Layout(1, 1, 1), 1, dataclasses.replace(gpu, name=name)).transient_bytes
+             - estimate_call(spec, shape, Layout(1, 1, 1), 1, gpu).transient_bytes for name in ("cpu", "h100-80g")}
+    assert extra == {"cpu": copies, "h100-80g": 0}
+
+
+def test_bf16_attention_on_a_cpu_keeps_float32_copies():
+    """On a CPU, bf16 attention runs in float32 (model/transformer.py): counted as the layers keep it."""
+    cfg = _cfg("tiny-llama3")
+    kept = _measure(cfg, torch.bfloat16, grad=True, device=None)[0] / (B * S * cfg.num_hidden_layers)
+    want = model_costs(cfg).act_bytes_per_token_layer(1, 2, cpu=True)
+    assert kept == pytest.approx(want, rel=0.04) and want > model_costs(cfg).act_bytes_per_token_layer(1, 2)
