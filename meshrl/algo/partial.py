@@ -77,19 +77,20 @@ def continue_rows(h, part: Batch, state: Batch | None, ctx: CallContext, micro_b
     gcfg = dataclasses.replace(generation_config(cfg, tok, greedy), max_new_tokens=budget, first_step=first)
     seeds = None if greedy else part["sample_seed"][rows].tolist()
     out = h.generate(contexts(state, rows, first), gcfg, seeds, micro_batches)
-    w = out.responses.shape[1]
+    # the rows' state is host data, as every call's output batch (the engine's outputs are on its device)
+    resp, lp, mask = out.responses.cpu(), out.response_logprobs.cpu(), out.response_mask.cpu().long()
+    w = resp.shape[1]
     p = data["input_ids"].shape[1] - n
     cols = slice(first, first + w)
-    mask = out.response_mask.long()
-    data["input_ids"][rows, p + first:p + first + w] = out.responses
+    data["input_ids"][rows, p + first:p + first + w] = resp
     data["attention_mask"][rows, p + first:p + first + w] = mask
     data["response_mask"][rows, cols] = mask
-    data["logp_old"] = data["logp_old"].to(wide_dtype(out.response_logprobs.dtype))
-    data["logp_old"][rows, cols] = out.response_logprobs * mask
+    data["logp_old"] = data["logp_old"].to(wide_dtype(lp.dtype))
+    data["logp_old"][rows, cols] = lp * mask
     data["token_version"][rows, cols] = version * mask
     ended = mask.sum(1) < budget  # stopped at EOS before the segment's last step
     if gcfg.eos_token_id is not None and w == budget:
-        ended |= (out.responses[:, -1] == gcfg.eos_token_id) & (mask[:, -1] == 1)
+        ended |= (resp[:, -1] == gcfg.eos_token_id) & (mask[:, -1] == 1)
     data["gen_live"][rows] = (~ended & torch.tensor(first + budget < n)).long()
     return Batch(data, state.index)
 

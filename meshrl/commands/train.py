@@ -100,7 +100,10 @@ def sizes_line(cfg) -> str:
             f"optimizer step each); {p.micro_batches} micro-batch(es) per mini-batch; "
             f"{cfg.train.iterations} iterations; prompt <= {d.prompt_len} tokens, response <= {d.gen_len}"
             + (f" a turn; multi-turn: <= {cfg.env.max_turns} turns, trajectory <= {cfg.env.max_tokens} tokens "
-               f"(env.fn={cfg.env.fn})" if cfg.env.fn else ""))
+               f"(env.fn={cfg.env.fn})" if cfg.env.fn else "")
+            + (f"; generation streamed {cfg.train.stream_steps} tokens a policy version, sequences in flight "
+               f"continuing under new weights (train.stream_steps={cfg.train.stream_steps})"
+               if cfg.train.stream_steps else ""))
 
 
 def run_config(config: str | None, overrides: list[str]):

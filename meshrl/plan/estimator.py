@@ -15,8 +15,7 @@ The model, per call kind (``docs/planner.md`` derives each term):
 - TP: 2 all-reduces of the activations per layer forward, 2 more backward (Megatron-LM);
   generation all-gathers the vocabulary-parallel logits each step. PP: one activation send per
   stage boundary per micro-batch. DP: per optimizer step, the bucketed gradient all-reduce and
-  ZeRO-1's bucketed all-gather of the updated parameters. Optimizer: AdamW
-  reads and writes 28 B per parameter.
+  ZeRO-1's bucketed all-gather of the updated parameters. Optimizer: AdamW reads and writes 28 B per parameter.
 - memory per device: bf16 weights of the largest stage / tp; a trained role adds bf16 gradients
   and 12 B/param of fp32 Adam state sharded over dp (ZeRO-1; Rajbhandari et al. 2020); plus
   activations (the tensors meshrl's layers keep for the backward, model_costs.py) and the KV cache.
@@ -33,7 +32,6 @@ from .hardware import Hardware
 from .model_costs import ModelCosts, model_costs
 
 ADAM_STATE_BYTES = 12  # fp32 master weights + m + v per parameter (ZeRO paper, K = 12)
-
 ADAM_STEP_BYTES = 28  # read master, m, v (12) + bf16 grad (2); write master, m, v (12) + bf16 param (2)
 LOGIT_BYTES = 4  # logits are kept in fp32 for the softmax / log-probs
 DP_BUCKET_BYTES = 25 << 20  # train.grad_bucket_mb's default (parallel/data.py BUCKET_BYTES); RunShape has the setting
@@ -51,8 +49,10 @@ class _Ctx:
     gen_compiled: bool = False  # gen.compile, where it applies (tp = 1)
 
     def speed(self, kind: str) -> float:
-        """The hardware's compiled / eager factor of the layers for ``kind`` where it runs compiled, else 1."""
-        on = self.gen_compiled if kind in ("prefill", "decode") else self.train_compiled
+        """The hardware's compiled / eager factor of the layers for ``kind`` where it runs compiled, else 1
+        (an MoE model's prefill stays eager under gen.compile: model/compiled_layers.py prefill_layer)."""
+        moe_prefill = kind == "prefill" and bool(self.mc.cfg.num_experts)
+        on = (self.gen_compiled and not moe_prefill) if kind in ("prefill", "decode") else self.train_compiled
         return self.hw.compiled.of(kind) if on else 1.0
 
     @property

@@ -1,6 +1,7 @@
 """CUDA-only checks (skipped without a GPU; bench/gpu.sh runs them on one): the runtime trains in
 bf16 on cuda:0 under NCCL with the strict communication mode on, the data plane refuses a CPU
-tensor there, and the train step's measured peak memory is what the planner predicts."""
+tensor there, streamed partial rollouts run there, and the train step's measured peak memory is
+what the planner predicts."""
 
 import json
 import subprocess
@@ -19,6 +20,17 @@ def test_bf16_training_on_one_gpu(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(recs) == 2 and all(r["reward/mean"] == r["reward/mean"] for r in recs)
+
+
+def test_streamed_partial_rollouts_on_one_gpu(tmp_path):
+    """train.stream_steps on cuda:0: the rows in flight are host data, the engine's outputs the
+    device's; sequences are interrupted and every token's version is logged."""
+    out = subprocess.run([sys.executable, "-m", "meshrl.cli", "train", "--nprocs", "1", "--out", str(tmp_path),
+                          "train.iterations=4", "train.dtype=bfloat16", "sft.steps=20", "train.off_policy=2",
+                          "train.stream_steps=1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert recs[3]["rollout/interrupted"] > 0 and 1.0 < recs[3]["rollout/staleness_mean"] < 2.0
 
 
 def test_step_memory_is_predicted_within_15_percent():
