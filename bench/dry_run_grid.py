@@ -17,6 +17,7 @@ rank of every cell (|predicted - dry run| / dry run).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -83,6 +84,10 @@ def row(setting: str, label: str, n: int, gen: int, strategy: str, plan, rep: di
             f"{statistics.median(errs):.1%} / {max(errs):.1%} | " + "; ".join(cells) + f" | {fits}, {ok} |")
 
 
+HEAD = ("| setting | model | GPUs | gen | plan | simulated ranks | median / worst error | per call: predicted / "
+        "dry-run GiB of the busiest rank (error) | result |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scales", default="actor,critic,both")
@@ -92,49 +97,62 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200, help="search plan evaluations per cell")
     ap.add_argument("--moe", action="store_true", help="also the MoE presets on 64 GPUs")
     ap.add_argument("--no-grid", action="store_true", help="only the MoE presets")
-    ap.add_argument("--out", default="docs/dry_run_grid.md")
+    ap.add_argument("--out", default="docs/dry_run_grid.md",
+                    help="the table (Markdown); its rows and errors also go to the same name with .json")
+    ap.add_argument("--merge", nargs="+", metavar="PART.json",
+                    help="write --out from the .json of earlier runs (parts of the grid run apart), run nothing")
     args = ap.parse_args()
+    if args.merge:
+        parts = [json.loads(Path(f).read_text()) for f in args.merge]
+        Path(args.out).write_text(render(parts))
+        print(render(parts))
+        return 0
     strategies = args.strategies.split(",")
-    head = ("| setting | model | GPUs | gen | plan | simulated ranks | median / worst error | per call: predicted / "
-            "dry-run GiB of the busiest rank (error) | result |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
-    print(head, flush=True)
+    print(HEAD, flush=True)
+    rows: list[str] = []
     all_errs: list[float] = []
     t0 = time.perf_counter()
     todo = [] if args.no_grid else list(grid_cells(args.scales.split(","), args.models.split(","),
                                                     [int(g) for g in args.gens.split(",")]))
     if args.moe or args.no_grid:
         todo += [("MoE", label, 64, 128, preset, preset) for preset, label in MOE]
+    cmd = ("python bench/dry_run_grid.py " + " ".join(sys.argv[1:])).strip()
     for setting, label, n, gen, actor, critic in todo:
         try:
             for strategy, plan, rep, secs in run_cell(overrides(actor, critic, n, gen), strategies, args.steps):
                 all_errs += errors(rep)
-                line = row(setting, label, n, gen, strategy, plan, rep)
-                lines.append(line)
-                print(line, f"({secs:.0f} s)", flush=True)
-                write(args.out, lines, all_errs, time.perf_counter() - t0, done=False)
+                rows.append(row(setting, label, n, gen, strategy, plan, rep))
+                print(rows[-1], f"({secs:.0f} s)", flush=True)
+                write(args.out, {"command": cmd, "rows": rows, "errors": all_errs,
+                                 "seconds": time.perf_counter() - t0, "done": False})
         except UserError as e:  # no plan fits: the cell's row says so
-            lines.append(f"| {setting} | {label} | {n} | {gen} | - | - | - | - | {e} |")
-            print(lines[-1], flush=True)
-    write(args.out, lines, all_errs, time.perf_counter() - t0, done=True)
+            rows.append(f"| {setting} | {label} | {n} | {gen} | - | - | - | - | {e} |")
+            print(rows[-1], flush=True)
+    write(args.out, {"command": cmd, "rows": rows, "errors": all_errs, "seconds": time.perf_counter() - t0,
+                     "done": True})
     return 0
 
 
-def write(out: str, lines: list[str], all_errs: list[float], total: float, done: bool) -> None:
-    """The table so far and its error summary to ``out`` (rewritten after every cell)."""
-    summary = (f"\nOver {len(all_errs)} (call, simulated rank) pairs: median |error| "
-               f"{statistics.median(all_errs):.1%}, worst {max(all_errs):.1%}." if all_errs else "\nNo cell ran.")
-    cmd = "python bench/dry_run_grid.py " + " ".join(sys.argv[1:])
-    partial = "" if done else "\n(Partial: the run had not finished when this was written.)"
-    note = (f"{summary}{partial}\nEach cell: one iteration of the plan at full size on fake tensors and fake "
-            f"process groups (worst case: every response to data.gen_len, no padding removed; "
-            f"decoding's first and last two steps; MoE: each token's top-k experts on the rank), "
-            f"bf16, H100 preset (80 GB).\nProduced by `{cmd.strip()}` in {total:.0f} s.\n")
-    if done:
-        print(note)
+def write(out: str, part: dict) -> None:
+    """The table so far to ``out`` and its rows and errors to ``out`` .json (after every cell)."""
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text("# Predicted against dry-run peak memory (ReaL's grid, MoE presets)\n\n"
-                         + "\n".join(lines) + "\n" + note)
+    Path(out).with_suffix(".json").write_text(json.dumps(part))
+    Path(out).write_text(render([part]))
+
+
+def render(parts: list[dict]) -> str:
+    """The Markdown page of one or more runs: every row, the error summary over all of them, the commands."""
+    errs = [e for p in parts for e in p["errors"]]
+    summary = (f"Over {len(errs)} (call, simulated rank) pairs: median |error| {statistics.median(errs):.1%}, "
+               f"worst {max(errs):.1%}." if errs else "No cell ran.")
+    runs = "\n".join(f"- `{p['command']}` ({len(p['rows'])} rows, {p['seconds']:.0f} s of wall time on a shared "
+                      f"machine{'' if p['done'] else '; stopped before its end'})" for p in parts)
+    return ("# Predicted against dry-run peak memory (ReaL's grid, MoE presets)\n\n"
+            + "\n".join([HEAD, "|---|---|---|---|---|---|---|---|---|", *[r for p in parts for r in p["rows"]]])
+            + f"\n\n{summary}\n\nEach cell: one iteration of the plan at full size on fake tensors and fake "
+            "process groups (worst case: every response to data.gen_len, no padding removed; decoding's first and "
+            "last two steps and each train call's first two optimizer steps; MoE: each token's top-k experts on "
+            "the rank), bf16, H100 preset (80 GB). Produced by\n\n" + runs + "\n")
 
 
 if __name__ == "__main__":
