@@ -41,7 +41,8 @@ class RunShape:
     turn_len_mean: float | None = None
     obs_len: float = 0.0
     # RL actor train calls first recompute the batch's log-probs (one forward, no grad: the rollout
-    # mismatch and, under vLLM, PPO's old log-probs; meshrl/algo/mismatch.py); an engine with its
+    # mismatch under either engine and, under vLLM or decoupled PPO, PPO's old log-probs;
+    # meshrl/algo/mismatch.py); an engine with its
     # own weights (gen.backend=vllm) loads them before generating and keeps a second copy
     recompute_actor: bool = False
     engine_copy: bool = False
@@ -61,8 +62,8 @@ class RunShape:
     def from_config(cls, cfg) -> "RunShape":
         shape = cls._sizes(cfg)
         vllm = getattr(getattr(cfg, "gen", None), "backend", "meshrl") == "vllm"
-        # vLLM: paged and compacting; the recompute is priced where it replaces the old log-probs
-        # (vLLM); under meshrl's engine it only measures the mismatch and is left out of the price
+        # vLLM: paged and compacting. The actor's train call recomputes the batch's log-probs under
+        # either engine (the rollout mismatch, and under vLLM or ppo.decoupled PPO's old log-probs)
         rl = getattr(cfg, "algo", "") in ("ppo", "grpo", "remax", "rloo")
         train = getattr(cfg, "train", None)
         runtime = {} if train is None else {
@@ -71,7 +72,7 @@ class RunShape:
         gen = getattr(cfg, "gen", None)
         if gen is not None:
             runtime["compile_gen"] = gen.compile and not vllm  # vLLM compiles its own way, unpriced here
-        return dataclasses.replace(shape, recompute_actor=rl and vllm, engine_copy=vllm, compact=shape.compact or vllm,
+        return dataclasses.replace(shape, recompute_actor=rl, engine_copy=vllm, compact=shape.compact or vllm,
                                    **runtime)
 
     @classmethod
