@@ -66,10 +66,12 @@ def main() -> None:
             + " | search vs best strategy | search vs heuristic |")
     lines = [head, "|" + "---|" * (len(COLUMNS) + 6)]
     print(head, flush=True)
+    rows = []
     for scale, label, n, gen, actor, critic in cells():
         res = run_cell(actor, critic, n, gen, args.steps)
         feas = [r for k, r in res.items() if k != "search" and r.feasible]
         s = res["search"]
+        rows.append((f"scale {scale} {label} on {n}, gen {gen}", res))
         if feas:
             best = min(feas, key=lambda r: r.iteration_s)
             assert s.feasible and s.iteration_s <= best.iteration_s * (1 + 1e-9), (scale, label, gen)
@@ -86,9 +88,33 @@ def main() -> None:
     note = (f"\nEach cell: predicted seconds per iteration / PFLOP/s (H100 preset, PPO, 2^17 tokens per iteration, "
             f"search budget {args.steps} plan evaluations). OOM: the strategy's plan does not fit in 80 GB.\n"
             f"Produced by `python bench/real_grid.py --steps {args.steps}` in {total:.0f} s.\n")
+    note += "\n" + summary(rows) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("# ReaL's grid, predicted by meshrl's planner\n\n" + "\n".join(lines) + "\n" + note)
     print(note)
+
+
+def summary(rows: list[tuple[str, dict]]) -> str:
+    """What the grid says, counted from its cells (docs/planner.md quotes it): the best fixed strategy
+    per cell, and the search's gain over it and over the heuristic (smallest, median, largest)."""
+    wins: dict[str, int] = {}
+    over_best, over_heu = [], []
+    for where, res in rows:
+        feas = {k: r for k, r in res.items() if k != "search" and r.feasible}
+        if not feas:
+            continue
+        best = min(feas.values(), key=lambda r: r.iteration_s)
+        wins[best.name] = wins.get(best.name, 0) + 1
+        over_best.append((best.iteration_s / res["search"].iteration_s, where))
+        if res["heuristic"].feasible:
+            over_heu.append((res["heuristic"].iteration_s / res["search"].iteration_s, where))
+    def span(xs):  # noqa: E306
+        xs = sorted(xs)
+        return (f"{xs[0][0]:.2f}x ({xs[0][1]}) to {xs[-1][0]:.2f}x ({xs[-1][1]}), median {xs[len(xs) // 2][0]:.2f}x")
+    won = ", ".join(f"{k} in {v}" for k, v in sorted(wins.items(), key=lambda kv: -kv[1]))
+    return (f"Summary of the {len(rows)} cells: the best fixed strategy is {won}. The search is "
+            f"{span(over_best)} faster than the best fixed strategy, and {span(over_heu)} faster than the "
+            f"Megatron-style heuristic.")
 
 
 if __name__ == "__main__":

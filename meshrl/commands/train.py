@@ -95,15 +95,16 @@ def sizes_line(cfg) -> str:
         unit = "sequences" if cfg.algo == "sft" else "preference pairs"
         return f"sizes: {d.batch_size} {unit} per step, {cfg.train.iterations} steps"
     seqs = d.batch_size * d.samples_per_prompt
+    k = cfg.train.off_policy
+    streamed = cfg.stream_steps_at(k) if isinstance(k, int) else 0  # auto: the lag is chosen at launch
     return (f"sizes: {d.batch_size} prompts x {d.samples_per_prompt} samples = {seqs} sequences per iteration; "
             f"{p.epochs} epoch(s) of {p.mini_batches} mini-batches (~{seqs // p.mini_batches} sequences, one "
             f"optimizer step each); {p.micro_batches} micro-batch(es) per mini-batch; "
             f"{cfg.train.iterations} iterations; prompt <= {d.prompt_len} tokens, response <= {d.gen_len}"
             + (f" a turn; multi-turn: <= {cfg.env.max_turns} turns, trajectory <= {cfg.env.max_tokens} tokens "
                f"(env.fn={cfg.env.fn})" if cfg.env.fn else "")
-            + (f"; generation streamed {cfg.train.stream_steps} tokens a policy version, sequences in flight "
-               f"continuing under new weights (train.stream_steps={cfg.train.stream_steps})"
-               if cfg.train.stream_steps else ""))
+            + (f"; generation streamed {streamed} tokens a policy version, sequences in flight continuing "
+               f"under new weights (train.stream_steps={cfg.train.stream_steps})" if streamed else ""))
 
 
 def run_config(config: str | None, overrides: list[str]):

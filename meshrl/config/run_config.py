@@ -48,20 +48,35 @@ class Config:
         self._check_streaming()
 
     def _check_streaming(self) -> None:
-        """train.stream_steps: partial rollouts of meshrl's engine, single-turn RL, under off_policy >= 1."""
+        """train.stream_steps = S: partial rollouts of meshrl's engine, single-turn RL, under off_policy >= 1."""
         s = self.train.stream_steps
-        if not s:
+        if not s or s == "auto":
             return
-        why = None
-        if self.train.off_policy == 0:
-            why = "it needs train.off_policy=k >= 1 (the versions a batch is streamed over)"
-        elif self.algo not in ("ppo", "grpo", "remax", "rloo"):
-            why = f"algo={self.algo} generates nothing"
-        elif self.gen.backend != "meshrl":
-            why = (f"partial rollouts need gen.backend=meshrl (gen.backend={self.gen.backend}: continuing a "
-                   "sequence under new weights at a fixed decode step is not built for it); use "
-                   "train.stream_steps=0, whole batches k versions old")
-        elif self.env.fn:
-            why = "multi-turn rollouts (env.fn) are generated whole; use train.stream_steps=0"
+        why = "it needs train.off_policy=k >= 1 (the versions a batch is streamed over)" \
+            if self.train.off_policy == 0 else self._why_not_streamed()
         if why:
             raise UserError(f"train.stream_steps={s}: {why}")
+
+    def _why_not_streamed(self) -> str | None:
+        """Why this run's generation cannot stream (None: it can)."""
+        if self.algo not in ("ppo", "grpo", "remax", "rloo"):
+            return f"algo={self.algo} generates nothing"
+        if self.gen.backend != "meshrl":
+            return (f"partial rollouts need gen.backend=meshrl (gen.backend={self.gen.backend}: continuing a "
+                    "sequence under new weights at a fixed decode step is not built for it); use "
+                    "train.stream_steps=0, whole batches k versions old")
+        if self.env.fn:
+            return "multi-turn rollouts (env.fn) are generated whole; use train.stream_steps=0"
+        return None
+
+    def stream_steps_at(self, k: int) -> int:
+        """The decode steps per policy version that generation streams at lag ``k`` (0: whole batches).
+        ``auto`` streams where k >= 2 and the run can (``_why_not_streamed``), S = ceil(gen_len / k):
+        a response's tokens split evenly over the k versions that sample it; at k = 1 a batch is
+        admitted and finished under one version, so nothing would be in flight across an update."""
+        s = self.train.stream_steps
+        if s != "auto":
+            return s if k else 0
+        if k < 2 or self._why_not_streamed() is not None:
+            return 0
+        return -(-self.data.gen_len // k)

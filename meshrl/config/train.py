@@ -24,12 +24,13 @@ class TrainConfig:
                                     "generation and training); auto: the planner picks k <= off_policy_max with the "
                                     "plan when the run starts (meshrl/plan/lag.py), written to OUT/config.yaml")
     off_policy_max: int = setting(4, "train.off_policy=auto: the largest lag the planner may choose", at_least=0)
-    stream_steps: int = setting(0, "S >= 1 (needs off_policy=k >= 1; under auto, used if it picks k >= 1): "
-                                "streaming generation with partial rollouts; each batch is admitted k versions "
-                                "before it trains, decoded S tokens per version, its sequences in flight continuing "
-                                "under each new version's weights, and finished at the bound (the version before it "
-                                "trains); every token records its version (meshrl/plan/stream.py). 0: whole "
-                                "batches, each sampled by one version", at_least=0, unit="decode steps")
+    stream_steps: int | str = setting("auto", "S >= 1 (needs off_policy=k >= 1): streaming generation with partial "
+                                      "rollouts; each batch is admitted k versions before it trains, decoded S tokens "
+                                      "per version, its sequences in flight continuing under each new version's "
+                                      "weights, and finished at the bound (the version before it trains); every token "
+                                      "records its version (meshrl/plan/stream.py). 0: whole batches, each sampled by "
+                                      "one version. auto: S = ceil(data.gen_len / k) where k >= 2 and meshrl's engine "
+                                      "generates single-turn RL, else 0")
     save_every: int = setting(10, "write a checkpoint (OUT/ckpt-*, for --resume) every N iterations and after the "
                               "last; a resumed run redoes at most N-1 iterations, exactly (saving costs ~0.15 s on "
                               "the demo)", at_least=1)
@@ -50,9 +51,10 @@ class TrainConfig:
 
     def validate(self, name: str = "train") -> None:
         check_fields(self, name)
-        lag = self.off_policy
-        if (isinstance(lag, str) and lag != "auto") or (isinstance(lag, int) and lag < 0):
-            raise UserError(f"{name}.off_policy={lag!r} must be a whole number >= 0 or auto")
+        for key in ("off_policy", "stream_steps"):
+            v = getattr(self, key)
+            if (isinstance(v, str) and v != "auto") or (isinstance(v, int) and v < 0):
+                raise UserError(f"{name}.{key}={v!r} must be a whole number >= 0 or auto")
 
 
 @dataclass

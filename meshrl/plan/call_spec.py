@@ -41,7 +41,8 @@ class RunShape:
     turn_len_mean: float | None = None
     obs_len: float = 0.0
     # RL actor train calls first recompute the batch's log-probs (one forward, no grad: the rollout
-    # mismatch and, under vLLM, PPO's old log-probs; meshrl/algo/mismatch.py); an engine with its
+    # mismatch under either engine and, under vLLM or decoupled PPO, PPO's old log-probs;
+    # meshrl/algo/mismatch.py); an engine with its
     # own weights (gen.backend=vllm) loads them before generating and keeps a second copy
     recompute_actor: bool = False
     engine_copy: bool = False
@@ -52,13 +53,17 @@ class RunShape:
     activation_checkpointing: bool = False  # train.activation_checkpointing: layers recomputed in the backward
     compile_layers: bool = False  # train.compile: the layers' cache-free forwards and backward compiled
     compile_gen: bool = False  # gen.compile (meshrl's engine): the decoding steps and the prefill compiled
+    # train.stream_steps under lag k (Config.stream_steps_at): a batch's generation is k segments, one a
+    # version, each re-prefilling the prompt and the tokens so far (meshrl/plan/stream.py); 0: whole
+    stream_steps: int = 0
+    stream_lag: int = 0
 
     @classmethod
     def from_config(cls, cfg) -> "RunShape":
         shape = cls._sizes(cfg)
         vllm = getattr(getattr(cfg, "gen", None), "backend", "meshrl") == "vllm"
-        # vLLM: paged and compacting; the recompute is priced where it replaces the old log-probs
-        # (vLLM); under meshrl's engine it only measures the mismatch and is left out of the price
+        # vLLM: paged and compacting. The actor's train call recomputes the batch's log-probs under
+        # either engine (the rollout mismatch, and under vLLM or ppo.decoupled PPO's old log-probs)
         rl = getattr(cfg, "algo", "") in ("ppo", "grpo", "remax", "rloo")
         train = getattr(cfg, "train", None)
         runtime = {} if train is None else {
@@ -67,7 +72,7 @@ class RunShape:
         gen = getattr(cfg, "gen", None)
         if gen is not None:
             runtime["compile_gen"] = gen.compile and not vllm  # vLLM compiles its own way, unpriced here
-        return dataclasses.replace(shape, recompute_actor=rl and vllm, engine_copy=vllm, compact=shape.compact or vllm,
+        return dataclasses.replace(shape, recompute_actor=rl, engine_copy=vllm, compact=shape.compact or vllm,
                                    **runtime)
 
     @classmethod
@@ -90,6 +95,8 @@ class RunShape:
         k prefills the whole conversation so far, P + k x (turn_len_mean + obs_len) tokens (the
         engine keeps no cache between turns), then decodes up to turn_len; a fractional expected
         turn count weighs the last turn by its fraction. One turn: [(1, self)]."""
+        if self.stream_steps and self.stream_lag:
+            return self._segments()
         if self.turn_len is None:
             return [(1.0, self)]
         step = (self.turn_len_mean or self.turn_len) + self.obs_len
@@ -100,6 +107,20 @@ class RunShape:
                                    gen_len_mean=self.turn_len_mean, gen_len_longest=None, turns=1.0,
                                    turn_len=None)))
             k += 1
+        return out
+
+    def _segments(self) -> list[tuple[float, "RunShape"]]:
+        """Streaming: a batch's S decode steps at each of the k - 1 versions after its admission,
+        then the rest at the bound, each segment re-prefilling prompt + tokens so far (as
+        runtime/stream.py runs them; rows ending early are priced as running on)."""
+        s, k, out, done = self.stream_steps, self.stream_lag, [], 0
+        for i in range(k):
+            steps = self.gen_len - done if i == k - 1 else min(s, self.gen_len - done)
+            if steps <= 0:
+                break
+            out.append((1.0, replace(self, prompt_len=self.prompt_len + done, gen_len=steps, gen_len_mean=None,
+                                     gen_len_longest=None, stream_steps=0, stream_lag=0)))
+            done += steps
         return out
 
     @property
@@ -200,6 +221,8 @@ PRICED = {
     "train.activation_checkpointing": "layer inputs kept instead of activations; one more forward (estimator.py)",
     "train.off_policy": "generation of t+1 overlapping training of t (plan/simulator.py)",
     "train.threads": "a CPU profile's figures scaled to the rank's threads (plan/thread_scaling.py)",
+    "train.stream_steps": "each version's segment of a streamed batch re-prefills prompt + tokens so far "
+                          "(RunShape turn_shapes / _segments, from Config.stream_steps_at at the problem's lag)",
     "gen.backend": "vLLM's compacting engine, its weight copy and the log-prob recompute (RunShape.from_config)",
     "train.compile": "the layers' forward and forward + backward at the profile's compiled / eager factors, "
                      "where tp = 1 and the layers are dense (estimator.py; GPU presets: eager, hardware.py)",
@@ -211,7 +234,4 @@ UNPRICED = {
     "train.seed": "which numbers, not their cost",
     "train.save_every": "checkpoints are written between iterations, outside the iteration priced",
     "train.timeout": "a deadline for a hung rank, not a cost",
-    "train.stream_steps": "priced as whole-batch train.off_policy=k (one generation a version, at the same place in "
-                          "the order, the same tokens decoded an iteration); not priced: the re-prefill of prompt + "
-                          "tokens so far of each sequence in flight at every version (plan/stream.py)",
 }

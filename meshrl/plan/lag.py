@@ -78,5 +78,9 @@ def pick(seconds: dict[int, float]) -> int:
 
 
 def with_lag(cfg, k: int):
-    """A copy of the run config ``cfg`` with ``train.off_policy=k`` (auto resolved)."""
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, off_policy=k))
+    """A copy of the run config ``cfg`` with ``train.off_policy=k`` (auto resolved); at k = 0 a
+    ``train.stream_steps`` number has nothing to stream over and becomes 0 (whole batches)."""
+    train = dataclasses.replace(cfg.train, off_policy=k)
+    if k == 0 and isinstance(train.stream_steps, int):
+        train = dataclasses.replace(train, stream_steps=0)
+    return dataclasses.replace(cfg, train=train)

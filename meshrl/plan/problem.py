@@ -45,6 +45,7 @@ class Problem:
     # train.off_policy=auto: the largest lag the planner may choose (train.off_policy_max; plan/lag.py);
     # None: the config fixes the lag
     off_policy_max: int | None = None
+    stream_by_lag: dict[int, int] = field(default_factory=dict)  # lag k -> train.stream_steps at k (0: whole)
     optimistic: bool = False  # unknown reallocation times read as 0 (see realloc_time)
     # roles that hold no weights at run time (a rule reward: no models.reward.path): their calls are
     # still timed as a model's (see docs/planner.md), but they take no memory
@@ -64,6 +65,9 @@ class Problem:
             self.specs[c.name] = CallSpec(c.name, c.role, c.kind, self.models[c.role],
                                           c.role in VALUE_HEAD_ROLES, c.n_samples)
         self.train_call = {c.role: c.name for c in self.graph.calls if c.kind == "train"}
+        # streamed generation at this lag (train.stream_steps; re-done by dataclasses.replace at another lag)
+        self.shape = dataclasses.replace(self.shape, stream_steps=self.stream_by_lag.get(self.off_policy, 0),
+                                         stream_lag=self.off_policy)
 
     # ---- calls -----------------------------------------------------------------------------
     def fits_layout(self, name: str, layout: Layout) -> bool:
@@ -245,5 +249,8 @@ def problem_from_config(cfg, profile: str | None = None, off_policy: int | None 
     if off_policy < 0:
         raise UserError(f"train.off_policy must be >= 0, got {off_policy}")
     rule = cfg.algo != "rm" and "reward" in models and getattr(cfg.models.reward, "path", None) is None
+    top = max(off_policy, cfg.train.off_policy_max if auto else 0, 8)  # `meshrl plan` prices lags up to 4
+    stream = {k: cfg.stream_steps_at(k) for k in range(top + 1)} if hasattr(cfg, "stream_steps_at") else {}
     return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, off_policy,
-                   cfg.train.off_policy_max if auto else None, weightless=("reward",) if rule else ())
+                   cfg.train.off_policy_max if auto else None, {k: s for k, s in stream.items() if s},
+                   weightless=("reward",) if rule else ())

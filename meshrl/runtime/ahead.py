@@ -73,7 +73,8 @@ def _restore_resharded(engine: Engine, states: list[dict], t: int) -> None:
         if engine.rank not in pl.mesh:
             continue
         dp_i = pl.coords_of(engine.rank)[0]
-        streamed = engine.cfg.train.stream_steps > 0 and engine.graph.call(name).kind == "generate"
+        streamed = (engine.cfg.stream_steps_at(engine.cfg.train.off_policy) > 0
+                    and engine.graph.call(name).kind == "generate")
         if streamed or engine.rank == pl.holders()[dp_i]:
             inputs = engine._batch(t).only(tensor_keys(engine.graph.call(name).inputs))
             engine.held[(name, t)] = merged.select(inputs.split(pl.layout.dp)[dp_i].index)

@@ -104,7 +104,7 @@ class Engine:
         from ``start`` on are already in ``held`` (restored from a checkpoint), so they are not run
         again. Leaving the loop early (a re-plan) leaves the rest of the order unwalked."""
         k = self.cfg.train.off_policy
-        order = steps(self.graph, self.plan, start, stop, k, ahead, self.cfg.train.stream_steps if k else 0)
+        order = steps(self.graph, self.plan, start, stop, k, ahead, self.cfg.stream_steps_at(k))
         for step in with_evals(order, self.cfg, self.evals, start, stop, dist.get_world_size()):
             if self.rank not in step.ranks:
                 continue

@@ -39,7 +39,8 @@ def test_plan_json_schema(capsys):
     assert set(by_k) == {"0", "1", "2", "4"}
     for k in ("1", "2", "4"):
         assert set(by_k[k]) == {n for n, e in data["strategies"].items() if e["feasible"]}
-        assert all(by_k[k][n] <= by_k["0"][n] * (1 + 1e-9) for n in by_k[k])  # a lag never costs time
+    # whole batches one step ahead never cost time (k >= 2 streams by default: its re-prefills may)
+    assert all(by_k["1"][n] <= by_k["0"][n] * (1 + 1e-9) for n in by_k["1"])
     assert all(abs(by_k["0"][n] - data["strategies"][n]["iteration_s"]) < 1e-9 for n in by_k["0"])
     for entry in data["strategies"].values():
         assert set(entry) == {"iteration_s", "pflops", "peak_mem_gib", "feasible", "plan", "off_policy"}

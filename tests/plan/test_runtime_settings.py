@@ -205,3 +205,31 @@ def test_an_moe_prefill_stays_eager_under_gen_compile():
     on = {m: _Ctx(m, hw, Layout(), NO_LINKS, gen_compiled=True) for m in (moe, dense)}
     assert (on[moe].speed("prefill"), on[moe].speed("decode")) == (1.0, 0.5)
     assert (on[dense].speed("prefill"), on[dense].speed("decode")) == (0.8, 0.5)
+
+
+def test_streaming_prices_the_re_prefill_of_each_version():
+    """train.stream_steps (auto: ceil(gen_len / k) at k >= 2): a batch's generation is k segments,
+    each re-prefilling prompt + tokens so far, as runtime/stream.py runs them: the same decode steps
+    as a whole batch, each later version's first token coming from a prefill of the longer context."""
+    from dataclasses import replace
+
+    from meshrl.plan.call_spec import RunShape
+    from meshrl.plan.estimator import CallSpec, estimate_call
+
+    shape = RunShape(prompt_len=16, gen_len=16, batch_size=8, stream_steps=6, stream_lag=3)
+    assert [(w, s.prompt_len, s.gen_len) for w, s in shape.turn_shapes()] == [(1.0, 16, 6), (1.0, 22, 6),
+                                                                               (1.0, 28, 4)]
+    assert [s.gen_len for _, s in replace(shape, stream_steps=8).turn_shapes()] == [8, 8]  # nothing left at the bound
+    t_k2 = {}
+    for extra in ([], ["train.stream_steps=0"]):
+        problem = problem_from_config(load_config(None, BASE + ["train.off_policy=2", *extra]))
+        calls = {n: CallPlan(Mesh.range(0, 8), Layout(8, 1, 1)) for n in problem.graph.names}
+        t_k2[bool(extra)] = problem.call_estimate("actor_gen", calls["actor_gen"]).time_s
+        assert problem.shape.stream_steps == (0 if extra else 8) and problem.shape.stream_lag == 2
+    gen = CallSpec("g", "actor", "generate", problem.models["actor"])
+    lay, hw = Layout(8, 1, 1), problem.hw
+    whole = estimate_call(gen, replace(problem.shape, stream_steps=0), lay, 1, hw).time_s
+    halves = [estimate_call(gen, replace(problem.shape, prompt_len=p, gen_len=8, stream_steps=0), lay, 1, hw).time_s
+              for p in (16, 24)]
+    assert t_k2[True] == pytest.approx(whole, rel=1e-12) and t_k2[False] == pytest.approx(sum(halves), rel=1e-12)
+    assert t_k2[False] != pytest.approx(whole, rel=1e-9)

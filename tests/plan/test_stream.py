@@ -95,7 +95,7 @@ def test_resume_continues_with_the_uninterrupted_steps(k):
     (["train.off_policy=2", "gen.backend=vllm"], "partial rollouts need gen.backend=meshrl"),
     (["train.off_policy=2", "algo=sft"], "algo=sft generates nothing"),
     (["train.off_policy=2", "env.fn=count_env.py:CountEnv"], "multi-turn rollouts (env.fn) are generated whole"),
-    (["train.off_policy=2", "train.stream_steps=-1"], "train.stream_steps must be >= 0"),
+    (["train.off_policy=2", "train.stream_steps=-1"], "train.stream_steps=-1 must be a whole number >= 0 or auto"),
 ])
 def test_settings_streaming_cannot_run_are_refused_naming_the_key(extra, says):
     from meshrl.config import load_config
@@ -104,3 +104,22 @@ def test_settings_streaming_cannot_run_are_refused_naming_the_key(extra, says):
     with pytest.raises(UserError, match="train.stream_steps") as e:
         load_config(None, ["train.stream_steps=2", *extra])
     assert says in str(e.value)
+
+
+def test_auto_streams_where_a_lag_of_two_or_more_can_stream():
+    """train.stream_steps=auto (the default): S = ceil(gen_len / k) at k >= 2 on meshrl's engine in
+    single-turn RL, whole batches otherwise; an explicit S is kept; at k = 0 nothing streams."""
+    from meshrl.config import load_config
+    from meshrl.plan.lag import with_lag
+
+    cfg = load_config(None, ["data.gen_len=16"])
+    assert cfg.train.stream_steps == "auto"
+    assert [cfg.stream_steps_at(k) for k in (0, 1, 2, 3, 4)] == [0, 0, 8, 6, 4]
+    for other in (["gen.backend=vllm"], ["env.fn=count_env.py:CountEnv"]):
+        assert load_config(None, ["data.gen_len=16", *other]).stream_steps_at(2) == 0
+    assert load_config(None, ["train.off_policy=2", "train.stream_steps=0"]).stream_steps_at(2) == 0
+    fixed = load_config(None, ["train.off_policy=auto", "train.stream_steps=3"])
+    assert fixed.stream_steps_at(2) == 3 and fixed.stream_steps_at(0) == 0
+    assert with_lag(fixed, 0).train.stream_steps == 0 and with_lag(fixed, 2).train.stream_steps == 3
+    with pytest.raises(Exception, match="train.stream_steps='often' must be a whole number >= 0 or auto"):
+        load_config(None, ["train.stream_steps=often"])

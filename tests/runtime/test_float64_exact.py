@@ -86,7 +86,7 @@ def test_two_steps_off_policy_gives_the_same_figures_under_every_plan(pool):
     """train.off_policy=2: generation runs two iterations ahead, from weights two updates old (the
     config's schedule, not the timing's), so the colocated, disaggregated and a random plan agree to
     1e-9; the staleness is logged, and the run differs from one step off-policy."""
-    cfg = config("ppo", ("train.off_policy=2", "train.iterations=4"))
+    cfg = config("ppo", ("train.off_policy=2", "train.stream_steps=0", "train.iterations=4"))
     torch.set_num_threads(1)
     plans = plans_for(cfg)
     want = pool.run(rank_main, cfg, plans["colocated"], None, quiet=True)[0]
@@ -151,7 +151,8 @@ def test_streamed_partial_rollouts_give_the_same_figures_under_every_plan(pool):
     assert [r["rollout/staleness_max"] for r in want] == [0.0, 1.0, 2.0, 2.0]
     assert all(r["rollout/interrupted"] > 0 for r in want[2:]) and want[0]["rollout/interrupted"] == 0.0
     assert all(1.0 < r["rollout/staleness_mean"] < 2.0 for r in want[2:])
-    whole = pool.run(rank_main, config("ppo", ("train.off_policy=2", "train.iterations=4")), plans["colocated"],
+    whole_cfg = config("ppo", ("train.off_policy=2", "train.stream_steps=0", "train.iterations=4"))
+    whole = pool.run(rank_main, whole_cfg, plans["colocated"],
                      None, quiet=True)[0]
     assert [r["reward/mean"] for r in whole[2:]] != [r["reward/mean"] for r in want[2:]]
     same = pool.run(rank_main, config("ppo", ("train.off_policy=2", "train.stream_steps=6", "train.iterations=4")),

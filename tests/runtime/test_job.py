@@ -79,7 +79,7 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tmp_path_factor
     in flight, with their tokens' versions), continued after the resume."""
     base = tmp_path_factory.getbasetemp()
     plan = "disaggregated"
-    cfg = {"sync": [], "async": ["train.off_policy=1"], "async2": ["train.off_policy=2"],
+    cfg = {"sync": [], "async": ["train.off_policy=1"], "async2": ["train.off_policy=2", "train.stream_steps=0"],
            "stream2": ["train.off_policy=2", "train.stream_steps=2"]}[mode]
     ref_dir = base / f"uninterrupted-{mode}"
     if not ref_dir.exists():
