@@ -115,7 +115,7 @@ class FakeRank(TorchDispatchMode):
         if self.live > w.peak:
             w.peak = self.live
             if w.budget is not None and self.live > w.budget:
-                new = [a for a in self._allocs.values() if a.seq >= w.first]
+                new = [a for a in self._allocs.values() if a.seq > w.first]  # made in the window
                 w.top = sorted(new, key=lambda a: -a.nbytes)[:TOP]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
