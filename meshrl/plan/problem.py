@@ -249,8 +249,9 @@ def problem_from_config(cfg, profile: str | None = None, off_policy: int | None 
     if off_policy < 0:
         raise UserError(f"train.off_policy must be >= 0, got {off_policy}")
     rule = cfg.algo != "rm" and "reward" in models and getattr(cfg.models.reward, "path", None) is None
-    top = max(off_policy, cfg.train.off_policy_max if auto else 0, 8)  # `meshrl plan` prices lags up to 4
-    stream = {k: cfg.stream_steps_at(k) for k in range(top + 1)} if hasattr(cfg, "stream_steps_at") else {}
+    # every lag this problem may be priced at: its own, auto's range, `meshrl plan`'s per-k line (0, 1, 2, 4)
+    top = max(off_policy, cfg.train.off_policy_max if auto else 0, 4)
+    stream = {k: cfg.stream_steps_at(k) for k in range(top + 1)}
     return Problem(graph, models, RunShape.from_config(cfg), hw, cluster, off_policy,
                    cfg.train.off_policy_max if auto else None, {k: s for k, s in stream.items() if s},
                    weightless=("reward",) if rule else ())
