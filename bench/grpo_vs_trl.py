@@ -18,7 +18,8 @@ steadier measure on a shared machine. Prints medians and TRL/meshrl (> 1: meshrl
 
 Precision: ``--dtype`` is meshrl's ``train.dtype`` (bfloat16: bf16 weights, fp32 master weights and
 moments); ``--trl-dtype`` TRL's (bfloat16: ``bf16=True``, TRL's own default, autocast over fp32
-weights; float32: ``bf16=False``, TRL's faster setting on this CPU). Both default to float32.
+weights; float32: ``bf16=False``, TRL's faster setting on a CPU). meshrl defaults to its own defaults
+(``train.dtype=auto``: float32 on a CPU; ``compile=auto``), TRL to float32.
 The README's headline: ``--rounds 3 --compile --dtype bfloat16`` (against TRL's default) and
 ``... --trl-dtype float32`` (against TRL's fastest).
 """
@@ -87,9 +88,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternating")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads on both sides (0: meshrl's default, the usable cores; meshrl/cores.py)")
-    ap.add_argument("--compile", action="store_true", help="meshrl with gen.compile=true and train.compile=true")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                    help="meshrl's train.dtype (bfloat16: bf16 weights, fp32 master weights)")
+    ap.add_argument("--compile", action="store_true", help="meshrl with gen.compile=true and train.compile=true "
+                    "(default: meshrl's own choice, compile=auto)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"),
+                    help="meshrl's train.dtype (bfloat16: bf16 weights, fp32 master weights; default: meshrl's "
+                    "own, train.dtype=auto: float32 on a CPU)")
     ap.add_argument("--trl-dtype", choices=("float32", "bfloat16"),
                     help="TRL's precision (bfloat16: bf16=True, TRL's default, autocast); default: --dtype")
     ap.add_argument("--trl-compile", action="store_true", help="TRL with torch_compile=True (the Trainer "
@@ -107,9 +110,9 @@ def main() -> None:
         ckpt, data = make_inputs(Path(d))
         n = str(args.steps)
         ours_cmd = [sys.executable, str(HERE / "grpo_meshrl_side.py"), str(ckpt), str(data), n, str(args.threads),
-                    "1" if args.compile else "0", args.dtype]
+                    "1" if args.compile else "0", args.dtype or "default"]
         trl_cmd = [str(py_trl), str(HERE / "grpo_trl_side.py"), str(ckpt), str(data), n, str(args.threads),
-                   args.trl_dtype or args.dtype, "1" if args.trl_compile else "0"]
+                   args.trl_dtype or args.dtype or "float32", "1" if args.trl_compile else "0"]
         res: dict[str, dict[str, list[float]]] = {s: {"seconds": [], "cpu": []} for s in ("meshrl", "trl")}
         calls: list[dict] = []
         for r in range(args.rounds):
@@ -124,8 +127,9 @@ def main() -> None:
     import transformers
     print(f"GRPO iteration, 3.2M-parameter LLaMA, 8 prompts x 4 samples, <= 32 new tokens, KL to a reference, "
           f"one optimizer step; torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"trl {TRL_VERSION}; {args.threads} thread(s); meshrl gen.compile=train.compile={str(args.compile).lower()}, "
-          f"train.dtype={args.dtype}; TRL {args.trl_dtype or args.dtype}"
+          f"trl {TRL_VERSION}; {args.threads} thread(s); meshrl "
+          f"{'gen.compile=train.compile=true' if args.compile else 'compile at its default (auto)'}, "
+          f"train.dtype={args.dtype or 'auto (its default)'}; TRL {args.trl_dtype or args.dtype or 'float32'}"
           f"{', torch_compile' if args.trl_compile else ''}; "
           f"medians of {len(res['meshrl']['seconds'])} iterations a side")
     for kind, label in (("seconds", "wall"), ("cpu", "cpu")):

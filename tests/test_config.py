@@ -38,7 +38,7 @@ def test_a_group_of_one_is_refused_not_rewritten():
     (DataConfig(batch_size=0), "data", "config key data.batch_size must be >= 1, got 0"),
     (DataConfig(gen_len=8, gen_len_mean=9.0), "data", "data.gen_len_mean=9.0 must be between 1 and data.gen_len=8"),
     (TrainConfig(dtype="int8"), "train", "train.dtype='int8' is not one of auto, float32, bfloat16, float64"),
-    (TrainConfig(compile=1), "train", "config key train.compile must be bool, got 1"),
+    (TrainConfig(compile=1), "train", "config key train.compile must be true, false or auto, got 1"),
     (TrainConfig(timeout=float("nan")), "train", "config key train.timeout must be a finite number, got nan"),
     (PPOConfig(clip=1.0), "ppo", "config key ppo.clip must be > 0 and < 1, got 1.0"),
     (PPOConfig(dual_clip=0.5), "ppo", "ppo.dual_clip must be 0 (off) or > 1, got 0.5"),

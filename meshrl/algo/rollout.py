@@ -19,7 +19,7 @@ def generation_config(cfg: Config, tok, greedy: bool = False) -> GenerationConfi
     at the chat template's end-of-turn token under data.chat_template."""
     return GenerationConfig(max_new_tokens=cfg.data.gen_len, greedy=greedy, temperature=cfg.gen.temperature,
                             top_k=cfg.gen.top_k, top_p=cfg.gen.top_p, eos_token_id=stop_token_id(cfg, tok),
-                            pad_token_id=tok.pad_token_id, compile=cfg.gen.compile or None)
+                            pad_token_id=tok.pad_token_id, compile=True if cfg.gen.compile is True else None)
 
 
 def stop_token_id(cfg: Config, tok) -> int | None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..plan.compile_choice import NO_PROFILE, choose_compile
 from ..plan.search import DEFAULT_STEPS
 from ..plan.fallback import planning_config
 from ..plan.problem import problem_from_config
@@ -156,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
           f"{problem.shape.samples_per_prompt} samples, {problem.shape.prompt_len} + {problem.shape.gen_len} tokens"
           + (f"; generation {problem.off_policy} iteration(s) ahead (train.off_policy={problem.off_policy})"
              if problem.off_policy else ""))
-    if note := compile_line(problem):
-        print(note)
+    if priced := compile_line(problem):
+        print(priced)
     print(f"\nplan: {chosen}")
     print(plan_table(problem, res.plan))
     print()
@@ -167,6 +168,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(explain(problem, results, chosen))
     print(off_policy_line(problem, by_k) if lag is None else lag.line())
+    if "auto" in (cfg.train.compile, cfg.gen.compile):  # what `meshrl train` would choose (plan/compile_choice.py)
+        gen = cfg.gen.compile if cfg.gen.backend == "meshrl" else False
+        print(choose_compile(problem, res.plan, cfg.train.iterations, cfg.train.compile, gen,
+                             NO_PROFILE if note else "").line())
     for line in wrote:
         print(line)
     if args.validate:

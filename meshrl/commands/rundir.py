@@ -69,6 +69,9 @@ def check_resume_config(out: Path, cfg) -> None:
     now = _flat(to_dict(cfg))
     if now.get("train.off_policy") == "auto" and isinstance(saved.get("train.off_policy"), int):
         now["train.off_policy"] = saved["train.off_policy"]  # the lag auto chose when the run started
+    for key in ("train.compile", "gen.compile"):  # so what compile=auto chose
+        if now.get(key) == "auto" and isinstance(saved.get(key), bool):
+            now[key] = saved[key]
     differ = [k for k in sorted(set(saved) | set(now)) if k not in RESUME_MAY_CHANGE and saved.get(k) != now.get(k)]
     if differ:
         shown = ", ".join(f"{k}: {saved.get(k)!r} in the run, {now.get(k)!r} now" for k in differ[:3])

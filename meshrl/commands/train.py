@@ -183,6 +183,14 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
     resolve_plan(cfg, spec, int(os.environ.get("WORLD_SIZE", world)))
 
 
+def dtype_line(name: str) -> str:
+    """The header's precision line: train.dtype, and what auto chose on this machine."""
+    from ..parallel.precision import torch_dtype  # lazy: --help and `meshrl plan` load no torch
+
+    got = str(torch_dtype(name)).removeprefix("torch.")
+    return f"dtype: {got}" + (" (auto: bfloat16 on CUDA, float32 on a CPU)" if name == "auto" else "")
+
+
 def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
     """Every run is the runtime (meshrl/runtime/job.py): one rank in this process by default,
     ``--nprocs N`` local ranks, or the ranks of a torchrun job; all write the same OUT/ and resume."""
@@ -198,6 +206,7 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
         print(sizes_line(cfg))
         threads, why = threads_per_rank(cfg, local_ranks(world))
         print(f"threads: {threads} per rank ({why})")
+        print(dtype_line(cfg.train.dtype))
     try:
         records = launch(cfg, args.plan or "colocated", world, out, resume=args.resume,
                          progress=not args.no_progress)

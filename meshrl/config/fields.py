@@ -83,6 +83,8 @@ def type_name(tp: object) -> str:
     """int, float or none, list of str, ... (as --help and the error messages spell types)."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if args == [bool, str]:  # a switch the run may resolve itself (check_switch)
+            return "true, false or auto"
         return " or ".join(type_name(a) for a in args) + (" or none" if type(None) in typing.get_args(tp) else "")
     if typing.get_origin(tp) is list:
         return f"list of {type_name(typing.get_args(tp)[0])}"
@@ -127,6 +129,12 @@ def check_fields(section: object, name: str) -> None:
                             + (" (or none)" if optional else "") + (f" ({why})" if why else "") + f", got {v}")
         if choices is not None and v not in choices:
             raise UserError(f"{key}={v!r} is not one of {', '.join(choices)}")
+
+
+def check_switch(value: object, key: str) -> None:
+    """UserError unless ``value`` is true, false or auto (a setting the run may resolve itself)."""
+    if not isinstance(value, bool) and value != "auto":
+        raise UserError(f"config key {key} must be true, false or auto, got {value!r}")
 
 
 def leaves(obj: object, prefix: str = "") -> dict[str, object]:

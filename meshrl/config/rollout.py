@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .fields import check_fields, setting
+from .fields import check_fields, check_switch, setting
 
 
 @dataclass
@@ -16,14 +16,16 @@ class GenConfig:
     top_k: int = setting(0, "sample from the k most likely tokens only; 0 = all", at_least=0)
     top_p: float = setting(1.0, "nucleus sampling: the smallest set of tokens whose probability reaches top_p",
                            above=0, at_most=1)
-    compile: bool = setting(False, "decode steps (fixed shapes) and the prefill's layers (dynamic shapes) through "
-                            "torch.compile: same tokens, faster after a one-off compile of about a minute on a CPU "
-                            "(docs/model.md has the measurements)")
+    compile: bool | str = setting("auto", "decode steps (fixed shapes) and the prefill's layers (dynamic shapes) "
+                                  "through torch.compile: same tokens, faster after a one-off compile (docs/model.md). "
+                                  "auto: on where the planner predicts that the run saves more than the compile "
+                                  "costs (as train.compile)")
     backend: str = setting("meshrl", "meshrl (our exact engine) | vllm (vLLM engines, one per dp replica; "
                            "docs/vllm.md)", choices=("meshrl", "vllm"))
 
     def validate(self, name: str = "gen") -> None:
         check_fields(self, name)
+        check_switch(self.compile, f"{name}.compile")
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UserError
-from .fields import check_fields, setting
+from .fields import check_fields, check_switch, setting
 
 DTYPES = ("auto", "float32", "bfloat16", "float64")
 
@@ -44,10 +44,12 @@ class TrainConfig:
     grad_bucket_mb: float = setting(25.0, "data-parallel gradient all-reduce bucket, MiB (PyTorch DDP's default)",
                                     above=0)
     overlap_grad_reduce: bool = setting(True, "all-reduce each bucket as the last micro-batch's backward fills it")
-    compile: bool = setting(False, "decoder layers' forwards outside generation (training, reference / critic / "
-                            "reward inference) and their backward through torch.compile, where tp = 1: fused "
-                            "elementwise work, after a one-off compile of ~20-40 s on a CPU "
-                            "(meshrl/model/compiled_layers.py; gen.compile: decoding)")
+    compile: bool | str = setting("auto", "decoder layers' forwards outside generation (training, reference / "
+                                  "critic / reward inference) and their backward through torch.compile, where tp = 1: "
+                                  "fused elementwise work, after a one-off compile (meshrl/model/compiled_layers.py; "
+                                  "gen.compile: decoding). auto: on where the planner predicts that the run saves more "
+                                  "than the compile costs, from the factors and compile times meshrl profile "
+                                  "measured (meshrl/plan/compile_choice.py); off where nothing measured them")
 
     def validate(self, name: str = "train") -> None:
         check_fields(self, name)
@@ -55,6 +57,7 @@ class TrainConfig:
             v = getattr(self, key)
             if (isinstance(v, str) and v != "auto") or (isinstance(v, int) and v < 0):
                 raise UserError(f"{name}.{key}={v!r} must be a whole number >= 0 or auto")
+        check_switch(self.compile, f"{name}.compile")
 
 
 @dataclass

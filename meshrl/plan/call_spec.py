@@ -70,10 +70,11 @@ class RunShape:
         train = getattr(cfg, "train", None)
         runtime = {} if train is None else {
             "grad_bucket_bytes": train.grad_bucket_mb * 2**20, "overlap_grad_reduce": train.overlap_grad_reduce,
-            "activation_checkpointing": train.activation_checkpointing, "compile_layers": train.compile}
+            "activation_checkpointing": train.activation_checkpointing, "compile_layers": train.compile is True}
         gen = getattr(cfg, "gen", None)
         if gen is not None:
-            runtime["compile_gen"] = gen.compile and not vllm  # vLLM compiles its own way, unpriced here
+            runtime["compile_gen"] = gen.compile is True and not vllm  # vLLM compiles its own way, unpriced here
+        # (auto is priced eager until the run resolves it: plan/compile_choice.py)
         return dataclasses.replace(shape, recompute_actor=rl, engine_copy=vllm, compact=shape.compact or vllm,
                                    **runtime)
 

@@ -18,7 +18,7 @@ from ..gen import close_all
 from ..config import Config, dump_yaml
 from ..errors import UserError
 from ..plan.execution_plan import ExecutionPlan
-from .plans import plan_table, resolve_run
+from .plans import plan_table, resolve_compile, resolve_run, with_compile
 from ..cores import rank_threads
 from .checkpoint import check_format, latest_checkpoint
 from ..plan.lag import with_lag
@@ -52,8 +52,9 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
             ) -> tuple[ExecutionPlan, int, Config]:
     """The plan the ranks run, the first iteration (after the newest checkpoint with ``resume``)
     and the config they run (``train.off_policy=auto`` resolved: the lag chosen with the plan, or on
-    a resume the lag the run chose, read from OUT/config.yaml); writes OUT/plan.json (and, when the
-    lag was chosen, OUT/config.yaml with it) and prints the plan table. Runs once per job: in the
+    a resume the lag the run chose, read from OUT/config.yaml; so ``train.compile`` / ``gen.compile``
+    = auto, printing the choice); writes OUT/plan.json (and, when anything was chosen,
+    OUT/config.yaml with it) and prints the plan table. Runs once per job: in the
     launching process, or on rank 0 under torchrun once the process group exists (its result is
     broadcast)."""
 
@@ -75,7 +76,14 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
         plan, note = saved, "--plan search: resuming under the plan saved with the checkpoint"
     else:
         cfg, plan, note = resolve_run(cfg, plan_spec, world)
-    if chose:
+    compiled = "auto" in (cfg.train.compile, cfg.gen.compile)
+    if compiled and resume and (kept := saved_compile(out)) is not None:
+        cfg, compiled = with_compile(cfg, *kept), False  # as the run chose at its start: it changes the rounding
+    if compiled:
+        cfg, line = resolve_compile(cfg, plan, world)
+        if not quiet:
+            print(line)
+    if chose or compiled:
         (out / "config.yaml").parent.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(dump_yaml(cfg))
     if resume and ck is None and not quiet:
@@ -93,6 +101,19 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
     if not quiet and start:
         print(f"resuming from {latest_checkpoint(out)} at iteration {start}")
     return plan, start, cfg
+
+
+def saved_compile(out: Path) -> tuple[bool, bool] | None:
+    """(train.compile, gen.compile) recorded in OUT/config.yaml if both are true or false (what a run
+    with auto chose when it started), else None."""
+    try:
+        saved = yaml.safe_load((out / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(saved, dict):
+        return None
+    got = tuple((saved.get(s) or {}).get("compile") for s in ("train", "gen"))
+    return got if all(isinstance(v, bool) for v in got) else None
 
 
 def saved_lag(out: Path) -> int | None:
@@ -179,14 +200,14 @@ def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout
         if dist.get_rank() == 0:
             try:
                 plan, start, cfg = prepare(cfg, plan_spec, dist.get_world_size(), out, resume, quiet)
-                box[0] = (plan.to_json(), start, cfg.train.off_policy, None)
+                box[0] = (plan.to_json(), start, cfg.train.off_policy, (cfg.train.compile, cfg.gen.compile), None)
             except UserError as e:
-                box[0] = (None, 0, 0, str(e))
+                box[0] = (None, 0, 0, (False, False), str(e))
         box[0] = comm.broadcast_object(box[0], 0, comm.control(None))  # an object: the control plane
-        plan_json, start, lag, error = box[0]
+        plan_json, start, lag, compiled, error = box[0]
         if error is not None:
             raise UserError(error)
-        cfg = with_lag(cfg, lag)  # rank 0's choice under train.off_policy=auto
+        cfg = with_compile(with_lag(cfg, lag), *compiled)  # rank 0's choices under auto
         return rank_main(cfg, ExecutionPlan.from_json(plan_json), str(out), start, timeout_s, None, quiet,
                          cfg.train.save_every, progress)
     finally:

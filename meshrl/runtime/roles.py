@@ -207,7 +207,7 @@ def build_roles(cfg: Config, graph: Graph, plan: ExecutionPlan, states: dict, ca
                                                  and cfg.train.activation_checkpointing,
                                                  grad_bucket_bytes=int(cfg.train.grad_bucket_mb * 2**20),
                                                  overlap_grad_reduce=cfg.train.overlap_grad_reduce,
-                                                 compile_layers=cfg.train.compile)
+                                                 compile_layers=cfg.train.compile is True)
             rm.dtype = rm.models[pl].dtype
         for c in graph.calls:  # one engine per generation placement this rank is in (tp = pp = 1: per replica)
             pl = plan.calls[c.name].placement

@@ -22,6 +22,8 @@ def bad_values(key: str, tp: str) -> list[str]:
     base = {"int": ["abc", "1.5", ""], "float": ["abc", "", "nan", "inf"], "bool": ["maybe", "", "2"]}
     item = tp.removeprefix("list of ")
     vals = list(base.get(item.split()[0], []))
+    if tp == "true, false or auto":  # a switch the run resolves itself (config/fields.py check_switch)
+        vals += ["maybe", "", "2"]
     if tp == "str":
         vals += [""] + (["nope"] if key in CHOICES else [])
     if item == "str or none" or tp == "list of str":
