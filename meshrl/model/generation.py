@@ -108,18 +108,81 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device
     return ids.to(device), mask.to(device)
 
 
-def make_caches(model, batch: int, max_len: int) -> list[KVCache]:
+def make_caches(model, batch: int, max_len: int, pack: bool = True) -> list[KVCache]:
     """One static cache per local layer, sized for the heads this module actually holds, carrying
-    the layer's fused projections where they pay (``fused_weights``)."""
+    the layer's fused projections where they pay (``fused_weights``) or, with ``pack`` (eager
+    decoding), its projections and the LM head ordered for oneDNN where that applies
+    (``pack_projections``)."""
     layers = model.model.layers
     attn = layers[0].self_attn
     w = attn.k_proj.weight
     kv_heads = w.shape[0] // attn.head_dim
     caches = [KVCache(batch, kv_heads, max_len, attn.head_dim, w.dtype, w.device) for _ in layers]
-    if fuse_projections(w):
+    if pack and pack_projections(w):
+        for layer, c in zip(layers, caches, strict=True):
+            c.packed = PackedLayer.of(layer, batch)
+        head = lm_head_of(model)
+        if head is not None and caches:
+            caches[-1].head = Packed(head.weight, head.bias, batch)
+    elif fuse_projections(w):
         for layer, c in zip(layers, caches, strict=True):
             c.qkv, c.gate_up = fused_weights(layer)
     return caches
+
+
+def lm_head_of(model) -> torch.nn.Module | None:
+    """A CausalLM's ``lm_head``, a pipeline stage's ``head`` (None off the last stage)."""
+    head = getattr(model, "lm_head", None)
+    return head if head is not None else getattr(model, "head", None)
+
+
+def head_call(model, caches: list[KVCache]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The LM head a generation runs: its packed copy where make_caches made one, else the module."""
+    packed = caches[-1].head if caches else None
+    return packed if packed is not None else lm_head_of(model)
+
+
+def pack_projections(weight: torch.Tensor) -> bool:
+    """Whether eager decoding runs each projection (and the LM head) through oneDNN's matmul on a
+    copy of the weight reordered once per generation: float32 on a CPU, where MKL's GEMM of a
+    decode step's few rows is the slow orientation (docs/model.md "Packed weights"). The packed
+    matmul also gives every row the same bits whatever the batch it runs in, which F.linear does
+    not. Not with bf16 (fused_weights: oneDNN already), nor float64 (oneDNN has none), nor under a
+    dry run's fake tensors, nor on a GPU."""
+    return (weight.dtype == torch.float32 and worst_case.device_type(weight) == "cpu" and not worst_case.active()
+            and type(weight) in (torch.Tensor, torch.nn.Parameter) and torch.backends.mkldnn.is_available())
+
+
+class Packed:
+    """y = x @ W^T + b through oneDNN's matmul on W reordered for it once (a generation's copy:
+    each optimizer step's new weights are the ones packed at the next generation's start)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> None:
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(1, rows))
+        self.bias = None if bias is None else bias.detach()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+@dataclass
+class PackedLayer:
+    """A decoder layer's projections for one generation: q|k|v and gate|up concatenated (one
+    matmul each), o and down; gate_up / down None for a MoE layer (its experts stay eager)."""
+
+    qkv: Packed
+    o: Packed
+    gate_up: Packed | None
+    down: Packed | None
+
+    @classmethod
+    def of(cls, layer, rows: int) -> "PackedLayer":
+        (w, b), gate_up = fused_weights(layer)
+        a = layer.self_attn
+        mlp = None if layer.moe else layer.mlp
+        return cls(Packed(w, b, rows), Packed(a.o_proj.weight, None, rows),
+                   None if mlp is None else Packed(gate_up, None, rows),
+                   None if mlp is None else Packed(mlp.down_proj.weight, None, rows))
 
 
 def fuse_projections(weight: torch.Tensor) -> bool:
@@ -156,7 +219,7 @@ def decode_one(model: CausalLM, tok: torch.Tensor, mask: torch.Tensor, caches: l
     same at every step (one compiled graph). -> next-token logits [B, V] float32 (float64 for a
     float64 model: model/numerics.py)."""
     hidden = model.model(tok[:, None], mask, caches, start)
-    return wide(model.lm_head(hidden[:, -1]))
+    return wide(head_call(model, caches)(hidden[:, -1]))
 
 
 def decode_and_pick(model, tok: torch.Tensor, mask: torch.Tensor, caches: list[KVCache], slot: torch.Tensor,
@@ -349,13 +412,14 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     device = model.lm_head.weight.device
     keys = None if cfg.greedy else seed_keys(seeds, len(prompts), device)
     ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, device)
-    caches = make_caches(model, len(prompts), cache_length(ids.shape[1] + cfg.max_new_tokens, cfg.use_compile))
+    caches = make_caches(model, len(prompts), cache_length(ids.shape[1] + cfg.max_new_tokens, cfg.use_compile),
+                         pack=not cfg.use_compile)
     both = compiled("decode_and_pick", decode_and_pick, model) if cfg.use_compile else None
 
     def prefill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # Only the last position goes through the LM head (the others' logits are never used).
         h = model.model(x, mask, caches, 0, layer_fn=prefill_layer if cfg.use_compile else None, last_only=True)
-        return wide(model.lm_head(h[:, -1]))
+        return wide(head_call(model, caches)(h[:, -1]))
 
     return decode_loop(prefill, lambda tok, mask, slot: decode_one(model, tok, mask, caches, slot),
                        lambda logits, rows, step: pick_token(logits, None if keys is None else keys[rows], step,

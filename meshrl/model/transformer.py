@@ -77,7 +77,12 @@ class Attention(nn.Module):
         attention over S = T keys (then SDPA takes its is_causal path). ``last``: keys and values
         of every position (and the cache filled with them), the output of position S-1 only,
         [B, 1, hidden] (a prefill's last layer: no other position's output is ever read)."""
-        if cache is not None and cache.qkv is not None:  # one matmul for three (generation.fused_weights)
+        packed = None if cache is None else cache.packed  # generation.PackedLayer: oneDNN-ordered copies
+        if packed is not None:
+            q, k, v = packed.qkv(x).split(
+                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
+            q = last_position(q, unpad) if last else q
+        elif cache is not None and cache.qkv is not None:  # one matmul for three (generation.fused_weights)
             q, k, v = F.linear(x, *cache.qkv).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
             q = last_position(q, unpad) if last else q
@@ -120,7 +125,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and not last,
                                                  enable_gqa=gqa)
             out = out.to(dtype).transpose(1, 2).reshape(b, q_len, -1)
-        return self.o_proj(out if unpad is None or last else unpad.pack(out))
+        return (self.o_proj if packed is None else packed.o)(out if unpad is None or last else unpad.pack(out))
 
 
 # MKL's float32 GEMM computes x @ W^T for 16..48 rows faster when asked for (W @ x^T)^T instead
@@ -150,8 +155,12 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, f, bias=False)
         self.down_proj = nn.Linear(f, h, bias=False)
 
-    def forward(self, x: torch.Tensor, gate_up: torch.Tensor | None = None) -> torch.Tensor:
-        """``gate_up``: gate_proj's and up_proj's weights concatenated (one matmul), or None."""
+    def forward(self, x: torch.Tensor, gate_up: torch.Tensor | None = None, packed=None) -> torch.Tensor:
+        """``gate_up``: gate_proj's and up_proj's weights concatenated (one matmul), or None;
+        ``packed``: a generation's oneDNN-ordered copies (generation.PackedLayer), or None."""
+        if packed is not None:
+            gate, up = packed.gate_up(x).chunk(2, -1)
+            return packed.down(F.silu(gate) * up)
         if gate_up is None:
             gate = skinny_linear(x, self.gate_proj.weight)
             if gate is None:
@@ -192,7 +201,7 @@ class DecoderLayer(nn.Module):
         x = x + a
         h = self.post_attention_layernorm(x)
         if not self.moe:
-            return x + self.ffn(h, None if cache is None else cache.gate_up)
+            return x + self.ffn(h, None if cache is None else cache.gate_up, None if cache is None else cache.packed)
         if unpad is None:
             return x + self.ffn(h, token_mask)
         # The balance loss is per row: the MoE block sees the padded [B, S] layout.

@@ -62,7 +62,7 @@ def _decode_fns(models: tuple, batch: int, compiled_step: bool) -> tuple:
     tok = torch.ones(batch, dtype=torch.long)
     slots = DECODE_SLOTS if compiled_step else DECODE_CONTEXT + 1
     mask = torch.ones(batch, slots, dtype=torch.long)
-    caches = [make_caches(m, batch, slots) for m in models]
+    caches = [make_caches(m, batch, slots, pack=not compiled_step) for m in models]
     slot, step = torch.tensor(DECODE_CONTEXT), torch.tensor(0)
     steps = [compiled("decode_and_pick", decode_and_pick, m) for m in models] if compiled_step else None
 

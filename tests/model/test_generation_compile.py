@@ -99,7 +99,8 @@ def test_prefill_runs_compiled_and_fills_the_cache_as_eager(pair, monkeypatch):
     real = cl._compiled_prefill_call
     monkeypatch.setattr(cl, "_compiled_prefill_call", lambda device_type: calls.append(1) or real(device_type))
     ids, mask = left_pad(_prompts(), 0, torch.device("cpu"))
-    eager_caches, comp_caches = make_caches(ours, len(ids), 32), make_caches(ours, len(ids), 32)
+    # as generation makes them under gen.compile: no packed weights (those are eager decoding's)
+    eager_caches, comp_caches = make_caches(ours, len(ids), 32, pack=False), make_caches(ours, len(ids), 32, pack=False)
     with torch.inference_mode():
         eager = ours.model(ids, mask, eager_caches, 0)
         comp = ours.model(ids, mask, comp_caches, 0, layer_fn=cl.prefill_layer)

@@ -1,0 +1,53 @@
+"""Eager float32 decoding on a CPU runs its projections and LM head through oneDNN on weights packed
+once per generation (meshrl/model/generation.py ``Packed``): the F.linear values up to rounding, the
+same bits for a row whatever its batch, and only where it applies."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from meshrl.model.checkpoint import build_model
+from meshrl.model.generation import GenerationConfig, Packed, generate, make_caches, pack_projections
+
+
+def test_packed_matmul_is_the_linear_and_batch_invariant():
+    g = torch.Generator().manual_seed(0)
+    w, b, x = torch.randn(96, 64, generator=g), torch.randn(96, generator=g), torch.randn(12, 1, 64, generator=g)
+    lin = Packed(w, b, rows=12)
+    got = lin(x)
+    assert got.shape == (12, 1, 96)
+    assert torch.allclose(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert torch.equal(lin(x[:5]), got[:5])  # fewer rows (a compacted batch): the same bits
+    flat = torch.randn(1, 40, 64, generator=g)  # a prefill's unpadded tokens
+    assert torch.allclose(lin(flat), F.linear(flat, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_only_float32_weights_on_a_cpu_are_packed():
+    assert pack_projections(torch.zeros(4, 4))
+    assert not pack_projections(torch.zeros(4, 4, dtype=torch.bfloat16))  # fused_weights' oneDNN path
+    assert not pack_projections(torch.zeros(4, 4, dtype=torch.float64))  # oneDNN has no float64 matmul
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert not pack_projections(torch.zeros(4, 4))  # a dry run's fake weights
+
+
+def test_caches_carry_the_packed_layers_and_head_and_generation_matches_unpacked():
+    model = build_model("tiny", seed=0)
+    caches = make_caches(model, 4, 16)
+    assert all(c.packed is not None for c in caches) and caches[-1].head is not None
+    assert all(c.packed is None for c in make_caches(model, 4, 16, pack=False))
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    cfg = GenerationConfig(max_new_tokens=8, greedy=True, eos_token_id=None, pad_token_id=0)
+    packed = generate(model, prompts, cfg)
+    import meshrl.model.generation as gen
+
+    real = gen.pack_projections
+    try:
+        gen.pack_projections = lambda w: False
+        plain = generate(model, prompts, cfg)
+    finally:
+        gen.pack_projections = real
+    assert torch.equal(packed.responses, plain.responses)  # greedy on random weights: no near-ties here
+    assert torch.allclose(packed.response_logprobs, plain.response_logprobs, atol=1e-5)
