@@ -45,8 +45,9 @@ class _LiveBytes(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                 continue
-            st = t.untyped_storage()
-            key, n = st.data_ptr(), st.nbytes()
+            # oneDNN's packed weights (generation.Packed) are opaque: no storage to ask, their own bytes
+            st = t if t.is_mkldnn else t.untyped_storage()
+            key, n = (id(t), t.numel() * t.element_size()) if t.is_mkldnn else (st.data_ptr(), st.nbytes())
             if n == 0 or key in self._seen or key in _held_ptrs:
                 continue
             self._seen[key] = n
