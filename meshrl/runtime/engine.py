@@ -1,6 +1,6 @@
 """The SPMD engine: every rank walks the same global order of steps and does the ones that include it.
 
-    roles = build_roles(...)                      # home ParallelModels + per-placement copies
+    roles = build_roles(...)                      # home ParallelModels (+ copies that stay)
     for step in with_evals(steps(graph, plan, ...)):  # identical order on every rank
         if rank in step.ranks: do(step)            # call | realloc | transfer | eval
         if step is an end: yield Finished(t, logs)  # the iteration, to the run's loop (runtime/run.py)

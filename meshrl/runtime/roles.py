@@ -4,6 +4,7 @@ and one copy per other placement a call of the role uses, refreshed by reallocat
 A copy is temporary (DESIGN.md): after its call it is dropped and the next reallocation rebuilds it
 from the home weights, unless the plan says ``keep_copies`` or the copy is a shadow actor (a
 generation copy on devices the home does not use, as in the disaggregated strategy), which stays.
+A temporary copy also starts dropped: the reallocation before its first call builds it.
 With the plan's ``offload_frozen``, a frozen role's parameters wait in host memory between uses.
 
 Initial weights: each rank reads only its own shards from the checkpoint, the preset's seeded
