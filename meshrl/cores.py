@@ -13,8 +13,8 @@ The rule (``train.threads``, 0 = auto):
 Threads that wait sleep (``OMP_WAIT_POLICY=PASSIVE``, unless the user set another policy): with
 the default policy a thread waiting at the end of a parallel region spins, and where other
 processes share the cores its partner is often descheduled, so it spins for its whole time slice
-(on shared cores two spinning threads can take 20x as long as one; ``bench/threads_wait.py``
-measures it, docs/runtime.md "Threads per rank"). The variable is read
+(``bench/threads_wait.py`` measures the difference; docs/runtime.md "Threads per rank" has its
+figures). The variable is read
 when torch loads its OpenMP runtime, so ``meshrl``'s command sets it first thing, and the launcher
 puts it in every rank's environment.
 

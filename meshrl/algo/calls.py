@@ -44,7 +44,7 @@ from .graph import Call
 from .handles import ModelHandle
 from .kl import kl_estimate
 from .losses import Norm, aggregate, policy_loss, value_loss
-from .mismatch import rollout_correction
+from .mismatch import TrainForwardMismatch, rollout_correction
 from .lr_schedule import factor_at, set_lr_factor
 from .multiturn import multiturn_rows
 from .objectives import critic_free_advantages, kl_settings, ppo_advantages
@@ -158,22 +158,28 @@ def actor_train(h: ModelHandle, batch: Batch, ctx: CallContext, place: Place) ->
     mode, est = kl_settings(cfg, ctx.algo)
     keys = ["input_ids", "attention_mask", "response_mask", "logp_old", "logp_ref"]
     data = Batch({k: batch[k] for k in keys}).with_(advantages=adv)
-    data, mismatch = rollout_correction(h, data, cfg, place.dp_index, place.dp_size, place.micro_batches,
-                                        place.sum_replicas)  # before any update: the trainer's log-probs
-    extra.update(mismatch)
+    seen = None  # the mismatch from the first mini-batch's forward where nothing needs the recompute
+    if cfg.trainer_logprobs_needed():
+        data, mismatch = rollout_correction(h, data, cfg, place.dp_index, place.dp_size, place.micro_batches,
+                                            place.sum_replicas)  # before any update: the trainer's log-probs
+        extra.update(mismatch)
+    else:
+        seen = TrainForwardMismatch()
     stats, steps = StatSum(), 0
     for part, micro, norm in _minibatches(data, ctx, place):
         lr = scheduled_step(h, ctx, steps)
         extra.setdefault("optim/lr", lr)
-        h.forward_backward(part, _actor_loss_fn(cfg, mode, est, norm, stats), micro,
+        h.forward_backward(part, _actor_loss_fn(cfg, mode, est, norm, stats, seen if steps == 0 else None), micro,
                            entropy=cfg.ppo.entropy_coef != 0.0, moe_aux=cfg.ppo.moe_aux_coef / norm.seqs)
         stats.add("grad_norm", h.optimizer_step() / (place.dp_size if place.holds_output else 1))
         steps += 1
     sums = reduce_stats(stats, place) if place.holds_output else {}
+    if seen is not None and place.holds_output:
+        extra.update(seen.metrics(place.dp_index, place.dp_size, place.sum_replicas))
     return {**{f"actor/{k}": v / steps for k, v in sums.items()}, **(extra if place.holds_output else {})}
 
 
-def _actor_loss_fn(cfg, mode: str, est: str, norm: Norm, stats: StatSum
+def _actor_loss_fn(cfg, mode: str, est: str, norm: Norm, stats: StatSum, seen: TrainForwardMismatch | None = None
                    ) -> Callable[[HeadOutputs, dict], torch.Tensor]:
     """The policy loss of a micro-batch (ppo.clip / clip_high / dual_clip / ratio), with the KL loss
     and the entropy bonus, all aggregated by ppo.loss_agg over the whole mini-batch (``norm``)."""
@@ -183,6 +189,8 @@ def _actor_loss_fn(cfg, mode: str, est: str, norm: Norm, stats: StatSum
         mask = mb["response_mask"].float()
         p = mb["input_ids"].shape[1] - mask.shape[1]
         logp = out.logprobs[:, p - 1:]
+        if seen is not None:
+            seen.add(logp, mb["logp_old"], mask)
         loss, st = policy_loss(logp, mb["logp_old"], mb["advantages"], mask, o.clip, norm, clip_high=o.clip_high,
                                dual_clip=o.dual_clip, ratio=o.ratio, agg=agg, weights=mb.get("is_weight"))
         stats.add("pg_loss", loss.detach())

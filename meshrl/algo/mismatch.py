@@ -116,3 +116,34 @@ def rollout_correction(h: ModelHandle, data: Batch, cfg, dp_index: int, dp_size:
         stats["rollout/masked_frac"] = float(dropped.sum()) / max(1, int(rows.sum()))
         data = data.with_(is_weight=w)
     return data, stats
+
+
+class TrainForwardMismatch:
+    """The rollout/* figures from the first mini-batch's training forward, where nothing needs the
+    recompute's values (``Config.trainer_logprobs_needed`` false: meshrl's engine, no correction).
+    That forward runs the actor as it stands before the iteration's first update, the network the
+    recompute would run, so its log-probs are the trainer's for the first mini-batch's rows: the
+    figures come at no extra forward, over those rows instead of the whole batch."""
+
+    def __init__(self) -> None:
+        self.diff, self.k3, self.tokens, self.max = 0.0, 0.0, 0.0, 0.0
+
+    @torch.no_grad()
+    def add(self, logp_trainer: torch.Tensor, logp_engine: torch.Tensor, mask: torch.Tensor) -> None:
+        m = mask.float()
+        trainer = logp_trainer.detach().to(logp_engine.dtype)
+        diff = (logp_engine - trainer).abs() * m
+        self.diff += float(diff.sum())
+        self.k3 += float((kl_estimate(logp_engine, trainer, "k3") * m).sum())
+        self.tokens += float(m.sum())
+        self.max = max(self.max, float(diff.max()) if diff.numel() else 0.0)
+
+    def metrics(self, dp_index: int, dp_size: int, sum_replicas) -> dict[str, float]:
+        """Summed over the data-parallel replicas; the max as the sum of a vector holding each
+        replica's at its own index (exact)."""
+        sums = [self.diff, self.k3, self.tokens] + [self.max if i == dp_index else 0.0 for i in range(dp_size)]
+        if dp_size > 1 and sum_replicas is not None:
+            sums = sum_replicas(sums)
+        tokens = max(sums[2], 1.0)
+        return {"rollout/logp_diff_mean": sums[0] / tokens, "rollout/logp_diff_max": max(sums[3:]),
+                "rollout/mismatch_kl": sums[1] / tokens}

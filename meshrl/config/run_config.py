@@ -80,3 +80,14 @@ class Config:
         if k < 2 or self._why_not_streamed() is not None:
             return 0
         return -(-self.data.gen_len // k)
+
+    def trainer_logprobs_needed(self) -> bool:
+        """Whether the actor's train call recomputes the batch's log-probs with the trainer before its
+        first update (one more forward over the whole batch, algo/mismatch.py): their values are used
+        where another engine sampled (gen.backend other than meshrl: they become PPO's old log-probs),
+        under decoupled PPO (the proximal policy) and for the rollout correction's weights or mask.
+        Otherwise meshrl's engine computed the trainer's own network, and the mismatch figures come
+        from the first mini-batch's training forward at no extra cost."""
+        p = self.ppo
+        return (self.gen.backend != "meshrl" or p.decoupled or p.rollout_is != "off"
+                or p.rollout_mask_above is not None)

@@ -6,17 +6,17 @@ Eager PyTorch runs a layer as ~35 kernels a forward and more a backward: the RMS
 and means, RoPE's halves, SwiGLU's product, residual adds, the padding-free layout's scatters.
 Inductor fuses them into a few loops per layer; the matmuls and attention stay library calls. This
 matters most where the matmuls are cheap next to the rest: bf16 on a CPU with AMX, whose matmuls are
-3-7x the float32 ones while its elementwise kernels are not faster at all (docs/model.md "Compiled
-layers" has the measurements).
+several times faster than float32 ones while its elementwise kernels are not faster at all
+(docs/model.md "bf16 on a CPU" and "Compiled layers" have the measurements).
 
 One compiled function serves every layer (the layer is an argument: its parameters are graph
 inputs, so a model compiles once, not once per layer), with dynamic shapes: batch, sequence and
 packed-token counts change every iteration. A run compiles a handful of graphs (with and without
-gradients, with and without padding; the second batch shape re-specialises once) of ~5-15 s each
-on a CPU; later iterations reuse them. Generation's decode steps have their own compiled graph
+gradients, with and without padding; the second batch shape re-specialises once), each a few
+seconds to compile on a CPU; later iterations reuse them. Generation's decode steps have their own compiled graph
 (fixed shapes, meshrl/model/generation.py); its prefill, whose batch, width and token count change
-every call, runs this same function with the cache as an argument: LLAMA_3M, batch 32, prompts of
-16..64 tokens, float32, 2 threads: 52.4 -> 44.1 ms a prefill (docs/model.md "Compiled layers").
+every call, runs this same function with the cache as an argument (docs/model.md "Compiled layers"
+measures it against eager).
 MoE layers stay eager (their routing has data-dependent shapes). The numbers are those of the eager
 layer up to the fused kernels' rounding (tests/model/test_compiled_layers.py).
 """
@@ -61,8 +61,8 @@ def _compiled_layer_call():
 
 @cache
 def _compiled_prefill_call(device_type: str):
-    """The prefill's own compiled function: inference only, so on a CPU with inductor's C++ wrapper
-    (-2% a prefill more: 44.1 -> 41.7 ms against 52.4 eager, b 32, 2 threads)."""
+    """The prefill's own compiled function: inference only, so on a CPU with inductor's C++ wrapper,
+    which takes less per prefill than the Python one (docs/model.md "Compiled layers")."""
     allow_recompiles()
     options = {"cpp_wrapper": True} if device_type == "cpu" else None
     return torch.compile(_layer_call, dynamic=True, options=options)

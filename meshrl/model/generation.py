@@ -124,8 +124,8 @@ def make_caches(model, batch: int, max_len: int) -> list[KVCache]:
 
 def fuse_projections(weight: torch.Tensor) -> bool:
     """Whether decoding concatenates q/k/v and gate/up into one matmul each: with bf16 (fp16) weights
-    on a CPU, where oneDNN's small-row matmul costs ~20 us a call whatever its size (b 32, hidden 256:
-    q, k, v 66 -> 29 us, gate and up 101 -> 69 us; docs/model.md). Not in float32 (no gain measured,
+    on a CPU, where oneDNN's small-row matmul pays a fixed cost per call whatever its size, so one
+    call instead of three (two) saves it (docs/model.md "bf16 on a CPU"). Not in float32 (no gain,
     and the same blocking as an unfused forward keeps tokens equal to it), nor on a GPU (the copy
     would hold a second set of weights in device memory)."""
     return worst_case.device_type(weight) == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
@@ -192,7 +192,7 @@ CACHE_BUCKET = 32
 
 def compiled(name: str, fn: Callable, owner: torch.nn.Module) -> Callable:
     """``torch.compile(fn, dynamic=False)`` for one model (``owner``), made once and kept on it.
-    On a CPU with inductor's C++ wrapper (10% less per step than the Python one); on a GPU in
+    On a CPU with inductor's C++ wrapper (less per step than the Python one: docs/model.md); on a GPU in
     "reduce-overhead" mode, i.e. replayed as CUDA graphs (each output is read before the next call,
     as CUDA graph replays require)."""
     cache = owner.__dict__.setdefault("_meshrl_compiled", {})
@@ -267,8 +267,8 @@ def loop_buffers(prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool
 class _Record:
     """The tokens, log-probs and alive flags of the steps decoded since the batch last changed
     (rows [b] fixed), written into the outputs [B, N] in one go at a compaction and at the end:
-    three scatters a segment instead of six small kernels a token (~150 us a step at b 32 on
-    this CPU, next to a ~2.5 ms step). A row's tokens after its EOS become pads there."""
+    three scatters a segment instead of six small kernels a token (docs/model.md "Recording without
+    per-token kernels"). A row's tokens after its EOS become pads there."""
 
     def __init__(self, out_tok: torch.Tensor, out_lp: torch.Tensor, out_alive: torch.Tensor, pad_id: int) -> None:
         self.out_tok, self.out_lp, self.out_alive, self.pad_id = out_tok, out_lp, out_alive, pad_id

@@ -102,19 +102,19 @@ class Attention(nn.Module):
             mask = mask[:, :, -1:]
         # Grouped-query attention: each KV head serves Hq/Hkv query heads. SDPA's enable_gqa does
         # this without materialising repeated K/V (a full copy of the cache at every decode step,
-        # ~18% of self-CPU time in a profile of decode steps of the `small` preset).
+        # a large share of a CPU decode step: docs/model.md "Generation").
         gqa = q.shape[1] != k.shape[1]
         if gqa and q_len == 1 and mask is not None:
             # A decode step: the g query heads of a KV head become g queries of one head, so the
-            # kernel loops over B x Hkv heads instead of B x Hq (CPU flash attention: 216 against
-            # 276 us for b 32, 8/4 heads, 96 keys). out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
+            # kernel loops over B x Hkv heads instead of B x Hq (fewer, larger calls of CPU flash
+            # attention: docs/model.md "Decode attention"). out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
             out = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], -1, self.head_dim), k, v, attn_mask=mask)
             out = out.reshape(b, 1, -1)
         else:
             dtype = q.dtype
             if worst_case.device_type(q) == "cpu" and dtype in (torch.bfloat16, torch.float16):
-                # CPU flash attention's low-precision backward is ~7x its float32 one (b 32, 8 heads,
-                # 48 tokens: 18.2 against 2.7 ms with this cast, forward included; docs/model.md).
+                # CPU flash attention's low-precision backward is several times slower than its
+                # float32 one, so it runs in float32 (docs/model.md "bf16 on a CPU").
                 q, k, v = q.float(), k.float(), v.float()
             # The last query alone sees every key: no mask, and not SDPA's top-left causal alignment.
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and not last,
@@ -123,12 +123,12 @@ class Attention(nn.Module):
         return self.o_proj(out if unpad is None or last else unpad.pack(out))
 
 
-# MKL's float32 GEMM (2024.2, on this Xeon) computes x @ W^T for 16..48 rows 1.2-1.6x faster when
-# asked for (W @ x^T)^T instead (rows of a decode step at batch 16-48; W of MLP shapes from 688 x 256
-# to 8192 x 2048); bit for bit the same at K = 256, within ~1e-4 relative at K >= 896, as F.linear's
-# own rows differ between batch sizes. Used for gate_proj and up_proj only: their outputs go to one
-# fused SwiGLU kernel, while the others feed reductions (RMSNorm) and attention that run slower on
-# the transposed layout. Decoding LLAMA_3M at batch 32: -2 to -5% a generation (docs/model.md).
+# MKL's float32 GEMM computes x @ W^T for 16..48 rows faster when asked for (W @ x^T)^T instead
+# (the rows of a decode step at batch 16-48, W of MLP shapes); bit for bit the same at K = 256,
+# within ~1e-4 relative at K >= 896, as F.linear's own rows differ between batch sizes. Used for
+# gate_proj and up_proj only: their outputs go to one fused SwiGLU kernel, while the others feed
+# reductions (RMSNorm) and attention that run slower on the transposed layout. The shapes measured
+# and the gains: docs/model.md "Skinny matmuls".
 SKINNY_ROWS = (16, 48)
 
 

@@ -126,10 +126,10 @@ class ZeroAdamW:
         groups = [{"params": [c for c, x in zip(self.chunks, scales, strict=True) if x == scale], "lr": cfg.lr * scale}
                   for scale in dict.fromkeys(scales)]
         # torch's fused kernel: on a GPU one launch per step for all chunks (launches dominate
-        # there); on a CPU measured 0.20x (fp32) and 0.58x (bf16 weights) the per-tensor loop's
-        # time, with foreach no faster than the loop (1.06x, 1.35x), and the same weights after 30
-        # steps (bench/adamw_impl.py, tiny preset). meshrl/profile/layers.py times this very
-        # class, so a CPU profile prices what runs.
+        # there); on a CPU a fraction of the per-tensor loop's time, with foreach no faster than the
+        # loop, and the same weights (`python bench/adamw_impl.py`; its figures in docs/gpu.md,
+        # "AdamW kernels"). meshrl/profile/layers.py times this very class, so a CPU profile prices
+        # what runs.
         self.impl = cfg.impl or "fused"
         if self.impl not in IMPLS:
             raise ValueError(f"AdamW impl {self.impl!r}: expected one of {IMPLS}")
@@ -176,7 +176,8 @@ class ZeroAdamW:
     def _buckets(self) -> list[list[tuple[nn.Parameter, tuple[int, int, int]]]]:
         """Consecutive parameters of one dtype, about BUCKET_BYTES of chunks each. Why buckets and
         not one all-gather per tensor: the updated chunks are small and each collective pays its
-        latency (the tiny model's 75 tensors took 72-90 ms per step on 2 gloo ranks)."""
+        latency, and a model has many small tensors (docs/planner.md, "Estimator accuracy on 2 and
+        4 ranks", has the measurement)."""
         out: list[list] = []
         size = 0
         for p, b in zip(self.params, self.bounds, strict=True):

@@ -101,8 +101,8 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
         return packed[0].long(), packed[1].to(wide_dtype(stage.dtype))
 
     # One stage, no tp: the decode step, the LM head and the pick are one compiled graph, as in
-    # model.generate (per step at b 32, bf16, 2 threads, the eager head, pick and float64 packing of
-    # the stage path were ~0.4 ms of ~2.6).
+    # model.generate, so the stage path pays no eager head, pick and float64 packing a step
+    # (docs/model.md "The compiled decode step picks its token").
     both = compiled("decode_and_pick", decode_and_pick, stage) if static and pipe.axis.size == 1 else None
     out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0, pre),
                       lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd),

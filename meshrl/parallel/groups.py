@@ -8,8 +8,8 @@ Creation rule (found on gloo with torch 2.13): every rank of the world calls ``f
 every placement, in the same order, including placements whose mesh does not contain it (it gets
 None back). ``dist.new_group`` without local synchronisation is meant to be called by the whole world
 and names a group by the count of groups the calling process made before (non-members count too),
-so this is what keeps the names in step (``make`` is that one collective step, per group). We tried
-``use_local_synchronization=True`` (only members call): it names a group by its ranks *plus the
+so this is what keeps the names in step (``make`` is that one collective step, per group).
+``use_local_synchronization=True`` (only members call) does not do: it names a group by its ranks *plus the
 number of groups the calling rank already has*, so members that made different numbers of groups
 before (e.g. ranks 0-1 after a dp2@0-1 placement, ranks 2-3 fresh) compute different names and the
 creation times out. ``for_placement`` creates all of a placement's groups eagerly in a fixed order
@@ -17,7 +17,7 @@ creation times out. ``for_placement`` creates all of a placement's groups eagerl
 forward or a step, so ranks that walk the same (SPMD) list of placements never deadlock.
 
 Keep one cache per process for its whole life: on gloo destroying a group and creating the same
-ranks' group again timed out in our tests; the cache makes every group exactly once.
+ranks' group again times out; the cache makes every group exactly once.
 
 Size-one axes get no process group at all: every collective on them is a no-op, so dp=tp=pp=1
 costs nothing over the plain model.

@@ -40,9 +40,9 @@ class RunShape:
     turn_len: int | None = None
     turn_len_mean: float | None = None
     obs_len: float = 0.0
-    # RL actor train calls first recompute the batch's log-probs (one forward, no grad: the rollout
-    # mismatch under either engine and, under vLLM or decoupled PPO, PPO's old log-probs;
-    # meshrl/algo/mismatch.py); an engine with its
+    # RL actor train calls recompute the batch's log-probs first where their values are used (one
+    # forward, no grad: under vLLM PPO's old log-probs, decoupled PPO, the rollout correction;
+    # Config.trainer_logprobs_needed, meshrl/algo/mismatch.py); an engine with its
     # own weights (gen.backend=vllm) loads them before generating and keeps a second copy
     recompute_actor: bool = False
     engine_copy: bool = False
@@ -62,9 +62,11 @@ class RunShape:
     def from_config(cls, cfg) -> "RunShape":
         shape = cls._sizes(cfg)
         vllm = getattr(getattr(cfg, "gen", None), "backend", "meshrl") == "vllm"
-        # vLLM: paged and compacting. The actor's train call recomputes the batch's log-probs under
-        # either engine (the rollout mismatch, and under vLLM or ppo.decoupled PPO's old log-probs)
+        # vLLM: paged and compacting. The actor's train call recomputes the batch's log-probs where
+        # they are used (Config.trainer_logprobs_needed)
         rl = getattr(cfg, "algo", "") in ("ppo", "grpo", "remax", "rloo")
+        needed = getattr(cfg, "trainer_logprobs_needed", None)
+        rl = rl and (needed() if needed is not None else True)
         train = getattr(cfg, "train", None)
         runtime = {} if train is None else {
             "grad_bucket_bytes": train.grad_bucket_mb * 2**20, "overlap_grad_reduce": train.overlap_grad_reduce,

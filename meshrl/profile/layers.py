@@ -77,7 +77,8 @@ def linear_fit(points: list[tuple[float, float]], slope_key: str = "sec_per_unit
 
 # The deeper model of each pair. Why 4 and not 2: the per-layer cost is a difference of two noisy
 # timings; over 3 layers instead of 1 the same timing noise moves it a third as much (with 2 layers,
-# repeated profiles of the same code scattered by +-25% on a shared machine: docs/planner.md).
+# repeated profiles of the same code scatter by +-25%: docs/planner.md "Estimator accuracy on 2 and
+# 4 ranks").
 DEEP = 4
 
 

@@ -3,14 +3,14 @@
 A decoding step through pp stages pays, per stage boundary, more than its compute and the bytes
 of the hidden state: the next stage's process is woken by the message, runs its own per-call code
 (masks, positions), and the last stage's tokens come back by a broadcast. These per-hop costs are
-latencies of this machine's processes and gloo, not FLOPs, so they are measured: 2 ranks of a
+latencies of the machine's processes and gloo, not FLOPs, so they are measured: 2 ranks of a
 ``RankPool`` generate with meshrl's own tiny model at pp = 2, and rank 0 alone at pp = 1 (the same
 prompts, greedy), 2 and 16 new tokens each, timed alternately; the hop is the extra seconds per
 decoding step of pp = 2 over pp = 1 ((t16 - t2) / 14 of each, so the prefill cancels), the median
 of the two batch sizes measured. pp = 2 runs the whole batch as one micro-batch, the stages in
-turn, so that the difference is the hops and not the overlap of micro-batches. Measured here:
-1.2-1.7 ms per step at 8, 32 and 64 sequences, where the p2p ping-pong of the collectives' fit
-gives 0.05-0.9 ms.
+turn, so that the difference is the hops and not the overlap of micro-batches. On a CPU the hop
+comes out well above what the p2p ping-pong of the collectives' fit gives (docs/planner.md, the
+profile's ``pipeline``).
 """
 
 from __future__ import annotations

@@ -134,8 +134,8 @@ class RankPool:
         init_file = os.path.join(self._dir.name, "rendezvous")
         self._tasks = [ctx.Queue() for _ in range(nprocs)]
         self._results: mp.Queue = ctx.Queue()
-        # No THP_MEM_ALLOC_ENABLE=1 by default: measured side by side on an idle machine, huge pages
-        # made a fresh reallocated copy slower (0.36-0.46 of p2p against 0.74-0.82; docs/realloc.md).
+        # No THP_MEM_ALLOC_ENABLE=1 by default: huge pages make a fresh reallocated copy slower
+        # (measured side by side: docs/realloc.md "Making the fresh copy fast").
         # Each rank's torch threads: $OMP_NUM_THREADS if set, else the usable cores split between the
         # ranks (meshrl/cores.py); set in the rank's environment before it imports torch.
         child_env = {"OMP_NUM_THREADS": str(rank_threads(0, nprocs)[0]), **quiet_waits(dict(os.environ)),

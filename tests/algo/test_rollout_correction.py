@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from meshrl.algo.mismatch import mismatch_metrics, rollout_weights
+from meshrl.algo.mismatch import TrainForwardMismatch, mismatch_metrics, rollout_weights
 from meshrl.errors import UserError
 from meshrl.gen.checks import check_backend
 from meshrl.model.presets import get_preset
@@ -27,6 +27,23 @@ def test_mismatch_metrics_by_hand():
     k3 = [r - 1 - math.log(r) for r in (1.0, 3.0, 0.5, 4.0, 1.0)]  # r = pi_trainer / pi_engine
     assert m["rollout/mismatch_kl"] == pytest.approx(sum(k3) / 5)
 
+
+
+def test_train_forward_mismatch_equals_the_batch_figures_in_any_split():
+    """The figures gathered micro-batch by micro-batch and summed over replicas (the max through a
+    vector of one entry per replica) equal mismatch_metrics over the rows at once."""
+    want = mismatch_metrics(ENGINE, TRAINER, MASK)
+    whole = TrainForwardMismatch()
+    whole.add(TRAINER, ENGINE, MASK)
+    assert whole.metrics(0, 1, None) == pytest.approx(want)
+    replicas = [TrainForwardMismatch(), TrainForwardMismatch()]
+    for i, r in enumerate(replicas):  # one row each, as two dp replicas would hold them
+        r.add(TRAINER[i:i + 1], ENGINE[i:i + 1], MASK[i:i + 1])
+    parts = [[r.diff, r.k3, r.tokens] + [r.max if j == i else 0.0 for j in range(2)] for i, r in enumerate(replicas)]
+    total = [a + b for a, b in zip(*parts, strict=True)]
+    got = [r.metrics(i, 2, lambda xs, i=i: total if xs == parts[i] else pytest.fail("not this replica's sums"))
+           for i, r in enumerate(replicas)]
+    assert got[0] == got[1] == pytest.approx(want)
 
 def test_token_weights_are_truncated_ratios():
     w = rollout_weights(ENGINE, TRAINER, MASK, "token", 2.0, None)

@@ -40,10 +40,13 @@ def test_the_recompute_is_one_forward_of_the_batch():
 
 
 def test_the_config_sets_them_for_vllm_only():
-    """The engine's copy and compaction are vLLM's; the recompute forward runs under both engines
-    (algo/mismatch.py measures the mismatch every iteration), for the RL algorithms only."""
+    """The engine's copy and compaction are vLLM's; the recompute forward runs where its values are
+    used (vLLM's old log-probs, decoupled PPO, the rollout correction), for the RL algorithms only:
+    under meshrl's engine alone the mismatch comes from the first training forward (algo/mismatch.py)."""
     meshrl = RunShape.from_config(load_config(None, ["algo=grpo"]))
     vllm = RunShape.from_config(load_config(None, ["algo=grpo", "gen.backend=vllm"]))
-    assert (meshrl.engine_copy, meshrl.recompute_actor, meshrl.compact) == (False, True, False)
+    assert (meshrl.engine_copy, meshrl.recompute_actor, meshrl.compact) == (False, False, False)
     assert (vllm.engine_copy, vllm.recompute_actor, vllm.compact) == (True, True, True)
+    for extra in ("ppo.decoupled=true", "ppo.rollout_is=token", "ppo.rollout_mask_above=0.1"):
+        assert RunShape.from_config(load_config(None, ["algo=grpo", extra])).recompute_actor, extra
     assert not RunShape.from_config(load_config(None, ["algo=dpo"])).recompute_actor
