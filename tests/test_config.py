@@ -7,7 +7,8 @@ import copy
 
 import pytest
 
-from meshrl.config import Config, DataConfig, PPOConfig, TrainConfig, load_config, with_algo_defaults
+from meshrl.config import (Config, DataConfig, PPOConfig, TrainConfig, load_config, own_model, role_spec,
+                           with_algo_defaults)
 from meshrl.config.fields import leaf_fields
 from meshrl.errors import UserError
 
@@ -57,3 +58,13 @@ def test_defaults_are_valid_and_every_key_is_declared_with_help():
     Config().validate()
     for key, (f, _, _) in leaf_fields(Config()).items():
         assert f.metadata.get("help"), key
+
+
+def test_a_role_without_a_model_of_its_own_is_the_actor_s():
+    """config/models.py own_model / role_spec: what the runtime builds and the planner prices."""
+    m = load_config(None, ["models.actor=small"]).models
+    assert not own_model(m, "critic") and role_spec(m, "critic") is m.actor  # unset
+    m = load_config(None, ["models.actor=small", "models.critic=small", "models.ref=tiny"]).models
+    assert not own_model(m, "critic") and own_model(m, "ref") and role_spec(m, "ref").preset == "tiny"
+    m = load_config(None, ["models.actor.path=/ckpt", "models.critic=tiny"]).models
+    assert own_model(m, "critic") and role_spec(m, "ref").path == "/ckpt"

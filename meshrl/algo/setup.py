@@ -10,7 +10,7 @@ import copy
 
 import torch
 
-from ..config import Config
+from ..config import Config, own_model
 from ..data import demo
 from ..data.encode import encode_prompts, encode_sequences
 from ..data.jsonl import read_jsonl
@@ -40,14 +40,20 @@ def load_policy(cfg: Config, seed: int) -> torch.nn.Module:
     return load_pretrained(spec.path) if spec.path else build_model(spec.preset or "tiny", seed=seed)
 
 
-def value_model_like(actor: torch.nn.Module, spec, seed: int, zero_head: bool = True) -> torch.nn.Module:
-    """A critic / reward model: from its own checkpoint, else the actor's backbone + a fresh head
+def value_model_like(actor: torch.nn.Module, cfg: Config, role: str, seed: int, zero_head: bool = True
+                     ) -> torch.nn.Module:
+    """A critic / reward model: its own model (config/models.py ``own_model``: a checkpoint, or a
+    preset other than the actor's, drawn from ``seed``), else the actor's backbone + a fresh head
     (InstructGPT initialises the critic from the reward model or the policy). ``zero_head`` keeps
-    build_model's random head (std 0.02) when False."""
+    build_model's random head (std 0.02) when False; a checkpoint's head is its own."""
+    spec = getattr(cfg.models, role)
     if spec.path:
         return load_pretrained(spec.path, value_head=True, seed=seed)
-    model = build_model(actor.config, seed=seed, value_head=True).to(next(actor.parameters()).dtype)
-    model.model.load_state_dict(actor.model.state_dict())
+    own = own_model(cfg.models, role)
+    model = build_model(spec.preset if own else actor.config, seed=seed, value_head=True)
+    model = model.to(next(actor.parameters()).dtype)
+    if not own:
+        model.model.load_state_dict(actor.model.state_dict())
     if zero_head:
         with torch.no_grad():
             model.score.weight.zero_()  # start every value at 0, so early advantages are the rewards
@@ -98,6 +104,17 @@ def warms_up(cfg: Config) -> bool:
     return warmup_plan(cfg)[0] is not None
 
 
+def reference_like(actor: torch.nn.Module, cfg: Config, seed: int) -> torch.nn.Module:
+    """The reference policy: its own model (a checkpoint, or a preset other than the actor's, drawn
+    from ``seed``), else the actor itself (to be copied)."""
+    spec = cfg.models.ref
+    if not own_model(cfg.models, "ref"):
+        return actor
+    if spec.path:
+        return load_pretrained(spec.path)
+    return build_model(spec.preset, seed=seed).to(next(actor.parameters()).dtype)
+
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     ref = copy.deepcopy(model)
     ref.requires_grad_(False)
@@ -109,18 +126,17 @@ def build_roles(cfg: Config, actor: torch.nn.Module) -> dict[str, Role]:
     seed, algo = cfg.train.seed, cfg.algo
     roles: dict[str, Role] = {}
     if algo == "rm":  # from models.reward.path, else the (SFT) actor's backbone with a fresh head
-        rm = value_model_like(actor, cfg.models.reward, seed + 3, zero_head=False)
+        rm = value_model_like(actor, cfg, "reward", seed + 3, zero_head=False)
         roles["reward"] = Role(rm, reward_optimizer(rm, cfg))
         return roles
     roles["actor"] = Role(actor, make_optimizer(actor, role_lr(cfg, "actor")[0], cfg.optim.weight_decay))
     if algo == "sft":
         return roles
-    spec = cfg.models.ref
-    roles["ref"] = Role(frozen_copy(load_pretrained(spec.path) if spec.path else actor))
+    roles["ref"] = Role(frozen_copy(reference_like(actor, cfg, seed + 2)))
     if algo == "dpo":
         return roles
     if algo == "ppo":
-        critic = value_model_like(actor, cfg.models.critic, seed + 1)
+        critic = value_model_like(actor, cfg, "critic", seed + 1)
         roles["critic"] = Role(critic, make_optimizer(critic, role_lr(cfg, "critic")[0], cfg.optim.weight_decay))
     rpath = cfg.models.reward.path
     roles["reward"] = Role(frozen_copy(load_pretrained(rpath, value_head=True)) if rpath else None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .data import DataConfig, default_samples_per_prompt
 from .loading import dump_yaml, load_config, parse_overrides, to_dict, with_algo_defaults
-from .models import ClusterConfig, ModelsConfig, ModelSpec
+from .models import ClusterConfig, ModelsConfig, ModelSpec, own_model, role_spec
 from .policy import DPOConfig, PPOConfig, SFTConfig
 from .rollout import EnvConfig, EvalConfig, GenConfig, RewardConfig
 from .run_config import ALGOS, Config
@@ -27,5 +27,5 @@ from .train import OptimConfig, ReplanConfig, TrainConfig
 
 __all__ = ["ALGOS", "ClusterConfig", "Config", "DPOConfig", "DataConfig", "EnvConfig", "EvalConfig", "GenConfig",
            "ModelSpec", "ModelsConfig", "OptimConfig", "PPOConfig", "ReplanConfig", "RewardConfig", "SFTConfig",
-           "TrainConfig", "default_samples_per_prompt", "dump_yaml", "load_config", "parse_overrides", "to_dict",
-           "with_algo_defaults"]
+           "TrainConfig", "default_samples_per_prompt", "dump_yaml", "load_config", "own_model", "parse_overrides",
+           "role_spec", "to_dict", "with_algo_defaults"]

@@ -28,15 +28,36 @@ def _tiny() -> ModelSpec:
 
 @dataclass
 class ModelsConfig:
+    """Which model each role runs. A role other than the actor that names neither a preset nor a
+    path starts from the actor (:func:`role_spec`, :func:`own_model`)."""
+
     actor: ModelSpec = setting(help="the policy: generates and is trained", factory=_tiny)
-    critic: ModelSpec = setting(help="the value model (ppo)", factory=_tiny)
-    ref: ModelSpec = setting(help="the frozen reference policy of the KL term", factory=_tiny)
-    reward: ModelSpec = setting(help="the reward model (a path; else reward.rule or reward.fn scores)",
-                                factory=_tiny)
+    critic: ModelSpec = setting(help="the value model (ppo); unset: the actor's backbone with a value head",
+                                factory=ModelSpec)
+    ref: ModelSpec = setting(help="the frozen reference policy of the KL term; unset: the actor",
+                             factory=ModelSpec)
+    reward: ModelSpec = setting(help="the reward model (a path; else reward.rule or reward.fn scores; "
+                                "algo=rm: unset is the actor's backbone with a value head)", factory=ModelSpec)
 
     def validate(self, name: str = "models") -> None:
         for f in fields(self):
             getattr(self, f.name).validate(f"{name}.{f.name}")
+
+
+def own_model(models: ModelsConfig, role: str) -> bool:
+    """Whether ``role`` has a model of its own: a path, or a preset other than the actor's (the
+    actor's preset again, or nothing, means the role starts from the actor: the reference a copy of
+    it, a critic or reward model its backbone with a value head)."""
+    spec, actor = getattr(models, role), models.actor
+    if role == "actor" or spec.path:
+        return True
+    return spec.preset is not None and (actor.path is not None or spec.preset != actor.preset)
+
+
+def role_spec(models: ModelsConfig, role: str) -> ModelSpec:
+    """The spec ``role``'s model is built from and priced at (the runtime and the planner both read
+    it): the role's own when :func:`own_model`, else the actor's."""
+    return getattr(models, role) if own_model(models, role) else models.actor
 
 
 @dataclass

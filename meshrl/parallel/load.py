@@ -115,11 +115,15 @@ class ValueFromCausal:
     def __init__(self, body, score=None) -> None:
         self.body, self.score = body, score
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.body.dtype
+
     def __call__(self, name: str, sl: Slice) -> torch.Tensor:
         if name != "score.weight":
             return self.body(name, sl)
         if self.score is None:
-            return torch.zeros(tuple(b - a for a, b in sl), dtype=self.body.dtype)
+            return torch.zeros(tuple(b - a for a, b in sl), dtype=self.dtype)
         return self.score(name, sl)
 
 

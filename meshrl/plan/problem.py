@@ -16,6 +16,7 @@ from pathlib import Path
 from ..algo.graph import Graph
 from ..cores import rank_threads
 from ..errors import UserError
+from ..config.models import own_model, role_spec
 from ..model.config import ModelConfig
 from ..model.hf_config import config_from_hf
 from ..layout.mesh import Layout, LayoutError, Mesh, Placement
@@ -229,6 +230,12 @@ def model_for(spec, role: str) -> ModelConfig:
     return get_preset(spec.preset)
 
 
+def role_model(cfg, role: str) -> ModelConfig:
+    """The ModelConfig ``role`` runs with: its own preset or checkpoint, else the actor's
+    (config/models.py ``role_spec``: the runtime builds the same, runtime/roles.py)."""
+    return model_for(role_spec(cfg.models, role), role if own_model(cfg.models, role) else "actor")
+
+
 def problem_from_config(cfg, profile: str | None = None, off_policy: int | None = None) -> Problem:
     """The planning problem of a run config (meshrl.config.Config). ``off_policy``: k lets generation
     run k iterations ahead (k steps off-policy); default: the config's ``train.off_policy``. Under
@@ -236,7 +243,7 @@ def problem_from_config(cfg, profile: str | None = None, off_policy: int | None 
     plan/lag.py ``choose_lag`` picks the lag with the plan."""
 
     graph = graph_of(cfg)
-    models = {role: model_for(getattr(cfg.models, role), role) for role in graph.roles()}
+    models = {role: role_model(cfg, role) for role in graph.roles()}
     cluster = Cluster(cfg.cluster.nodes, cfg.cluster.devices_per_node, cfg.cluster.device)
     threads = getattr(getattr(cfg, "train", None), "threads", 0)  # per rank: as the runtime sets it
     hw = get_hardware(cfg.cluster.device, cfg.cluster.devices_per_node, profile,

@@ -80,6 +80,19 @@ def home_calls(graph: Graph) -> dict[str, str]:
     return out
 
 
+def temporary(graph: Graph, plan: ExecutionPlan, name: str) -> bool:
+    """Whether call ``name``'s copy of its role is dropped after the call (DESIGN.md: the realloc
+    step before the role's next call there rebuilds it): a copy (not the home) that the plan does
+    not keep and that is not a shadow actor (a generation copy whose devices the home does not use:
+    nothing else needs that memory, and async generation reads it often)."""
+    call = graph.call(name)
+    home = plan.calls[home_calls(graph)[call.role]].placement
+    pl = plan.calls[name].placement
+    if plan.keep_copies or pl == home:
+        return False
+    return not (call.kind == "generate" and not set(pl.mesh.ranks) & set(home.mesh.ranks))
+
+
 def _transfer(plan: ExecutionPlan, p: str, c: Call, t: int, have: dict[tuple[str, int], set[int]]) -> list[Step]:
     """The step that brings p's outputs of iteration t to the ranks of c that lack them (none if all have)."""
     if p not in plan.calls or c.name not in plan.calls:

@@ -1,6 +1,6 @@
 """The SPMD engine: every rank walks the same global order of steps and does the ones that include it.
 
-    roles = build_roles(...)                      # home ParallelModels + per-placement copies
+    roles = build_roles(...)                      # home ParallelModels (+ copies that stay)
     for step in with_evals(steps(graph, plan, ...)):  # identical order on every rank
         if rank in step.ranks: do(step)            # call | realloc | transfer | eval
         if step is an end: yield Finished(t, logs)  # the iteration, to the run's loop (runtime/run.py)
@@ -38,7 +38,7 @@ from ..parallel.groups import GroupCache
 from ..parallel import comm
 from . import evals, memory, stream
 from ..plan.execution_plan import ExecutionPlan
-from ..plan.steps import Step, report_rank, steps
+from ..plan.steps import Step, report_rank, steps, temporary
 from .roles import RoleModels, build_roles, initial_states
 from .transfer import exchange
 from .evals import with_evals
@@ -180,16 +180,8 @@ class Engine:
         lg.sums["weight_sync/bytes"] = lg.sums.get("weight_sync/bytes", 0.0) + nbytes
 
     def _temporary(self, name: str) -> bool:
-        """Whether the call's copy of its role is dropped after the call: a copy (not the home) that
-        the plan does not keep and that is not a shadow actor (a generation copy whose devices the
-        home does not use: nothing else needs that memory, and async generation reads it often)."""
-        call = self.graph.call(name)
-        role = self.roles[call.role]
-        pl = self.plan.calls[name].placement
-        if self.plan.keep_copies or pl == role.home:
-            return False
-        shadow = call.kind == "generate" and not set(pl.mesh.ranks) & set(role.home.mesh.ranks)
-        return not shadow
+        """Whether the call's copy of its role is dropped after the call (plan/steps.py ``temporary``)."""
+        return temporary(self.graph, self.plan, name)
 
     def _shared(self, name: str) -> bool:
         """Whether another role's call uses some of this call's ranks (so offloading frees memory

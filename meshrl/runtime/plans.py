@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from ..algo.graph import graph_for, graph_of
-from ..config import Config
+from ..config import Config, role_spec
 from ..errors import UserError
 from ..plan.execution_plan import Cluster, ExecutionPlan
 from ..plan.fallback import planning_config
@@ -112,7 +112,7 @@ def check_plan(cfg: Config, plan: ExecutionPlan) -> None:
     roles = {c.name: c.role for c in graph.calls}
     dims = {}
     for role in graph.roles():
-        spec = getattr(cfg.models, role)
+        spec = role_spec(cfg.models, role)
         m = get_preset(spec.preset or "tiny") if not spec.path else None
         if m is not None:
             dims[role] = (m.num_attention_heads, m.num_hidden_layers)

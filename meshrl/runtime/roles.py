@@ -4,6 +4,7 @@ and one copy per other placement a call of the role uses, refreshed by reallocat
 A copy is temporary (DESIGN.md): after its call it is dropped and the next reallocation rebuilds it
 from the home weights, unless the plan says ``keep_copies`` or the copy is a shadow actor (a
 generation copy on devices the home does not use, as in the disaggregated strategy), which stays.
+A temporary copy also starts dropped: the reallocation before its first call builds it.
 With the plan's ``offload_frozen``, a frozen role's parameters wait in host memory between uses.
 
 Initial weights: each rank reads only its own shards from the checkpoint, the preset's seeded
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from ..algo import setup
 from ..algo.graph import Graph
-from ..config import Config
+from ..config import Config, own_model
 from ..gen import Generator, join, make_generator
 from ..model.config import ModelConfig
 from ..model.presets import get_preset
@@ -35,8 +36,8 @@ from ..parallel.model import ParallelModel
 from ..plan.execution_plan import ExecutionPlan
 from ..realloc.executor import Reallocator
 from ..layout.realloc_plan import realloc_plan
-from ..layout.shardmap import shard_map
-from ..plan.steps import home_calls
+from ..layout.shardmap import check_shardable, shard_map
+from ..plan.steps import home_calls, temporary
 
 VALUE_ROLES = ("critic", "reward")
 
@@ -46,7 +47,9 @@ def initial_states(cfg: Config, warmed: Path | None = None) -> dict[str, tuple[M
     loader is None for a rule reward. Each rank reads only its own shards (parallel/load.py): from
     the checkpoint's safetensors or the preset's seeded init, as ``setup.build_roles`` would build
     them whole; after the SFT warm-up (``warmed``: its checkpoint, runtime/warmup.py) the actor's
-    backbone comes from there."""
+    backbone comes from there. A role with a model of its own (config/models.py ``own_model``: a
+    path, or a preset other than the actor's, which the planner prices) is that model; any other
+    starts from the actor: the reference is the actor, a critic or reward model its backbone."""
     torch.manual_seed(cfg.train.seed)
     seed, spec, dtype = cfg.train.seed, cfg.models.actor, torch_dtype(cfg.train.dtype)
     if warmed is not None:
@@ -59,28 +62,38 @@ def initial_states(cfg: Config, warmed: Path | None = None) -> dict[str, tuple[M
         acfg = get_preset(spec.preset or "tiny")
         body = InitLoader(acfg, seed, dtype=dtype)
     out: dict[str, tuple[ModelConfig | None, object]] = {}
-    if cfg.algo == "rm":  # models.reward.path, else the (SFT) actor's backbone + a random head
-        rspec = cfg.models.reward
-        out["reward"] = _from_path(rspec.path, True, seed + 3, dtype) or \
+    if cfg.algo == "rm":  # its own model, else the (SFT) actor's backbone + a random head
+        out["reward"] = _own(cfg, "reward", seed + 3, dtype, zero_head=False) or \
             (acfg, ValueFromCausal(body, InitLoader(acfg, seed + 3, value_head=True, dtype=dtype)))
         return out
     out["actor"] = (acfg, body)
     if cfg.algo == "sft":
         return out
-    out["ref"] = _from_path(cfg.models.ref.path, False, 0, dtype) or (acfg, body)
+    out["ref"] = _own(cfg, "ref", seed + 2, dtype) or (acfg, body)
     if cfg.algo == "dpo":
         return out
     if cfg.algo == "ppo":
-        out["critic"] = _from_path(cfg.models.critic.path, True, seed + 1, dtype) or (acfg, ValueFromCausal(body))
-    out["reward"] = _from_path(cfg.models.reward.path, True, 0, dtype) or (None, None)
+        out["critic"] = _own(cfg, "critic", seed + 1, dtype) or (acfg, ValueFromCausal(body))
+    out["reward"] = (None, None)  # a rule reward, unless a checkpoint (a preset only prices its calls)
+    if cfg.models.reward.path:
+        rm = SafetensorsLoader(cfg.models.reward.path, True, 0, dtype)
+        out["reward"] = (rm.cfg, rm)
     return out
 
 
-def _from_path(path: str | None, value_head: bool, seed: int, dtype: torch.dtype):
-    if not path:
+def _own(cfg: Config, role: str, seed: int, dtype: torch.dtype, zero_head: bool = True):
+    """(config, loader) of ``role``'s own model (None if it starts from the actor): its checkpoint
+    (a value role's missing head drawn from ``seed``), else its preset's init from ``seed`` (a
+    critic's head zero, so early values are 0, as ``setup.value_model_like`` builds it)."""
+    spec, value = getattr(cfg.models, role), role in VALUE_ROLES
+    if not own_model(cfg.models, role):
         return None
-    loader = SafetensorsLoader(path, value_head, seed, dtype)
-    return loader.cfg, loader
+    if spec.path:
+        loader = SafetensorsLoader(spec.path, value, seed, dtype)
+        return loader.cfg, loader
+    mcfg = get_preset(spec.preset)
+    init = InitLoader(mcfg, seed, value_head=value, dtype=dtype)
+    return mcfg, (ValueFromCausal(init) if value and zero_head else init)
 
 
 def adamw_for(cfg: Config, role: str) -> AdamWConfig:
@@ -109,6 +122,7 @@ class RoleModels:
     # iteration whose weights it holds
     generators: dict[Placement, Generator] = field(default_factory=dict)
     synced: dict[Placement, int] = field(default_factory=dict)
+    compile_layers: bool = False  # train.compile: copies are built (and rebuilt) with compiled layers
 
     def handle(self, placement: Placement) -> ParallelModel | None:
         return self.models.get(placement)
@@ -176,14 +190,19 @@ class RoleModels:
         got, stats = self.reallocators[dst].run(src, out=out, dtype=dtype)
         if rebuild:  # this rank's shards are exactly the ShardMap slices the loader is asked for
             self.models[dst] = ParallelModel(self.cfg, self.dropped.pop(dst), lambda name, _sl: got[name],
-                                             value_head=self.name in VALUE_ROLES, timeout_s=timeout_s)
+                                             value_head=self.name in VALUE_ROLES, timeout_s=timeout_s,
+                                             compile_layers=self.compile_layers)
         return stats.sent
 
 
 def build_roles(cfg: Config, graph: Graph, plan: ExecutionPlan, states: dict, cache: GroupCache,
                 timeout_s: float) -> dict[str, RoleModels]:
-    """Every role's ParallelModels on this rank, created in one global order (roles, then home,
-    then the other placements in call order) so that ranks create their process groups alike."""
+    """Every role on this rank: its home ParallelModel, and each other placement a call of the role
+    uses, in one global order (roles, then home, then the other placements in call order) so that
+    ranks ask for their process groups alike. Only copies that stay (a shadow actor, or all under
+    ``keep_copies``: plan/steps.py ``temporary``) are built now; the others start dropped (their
+    groups only), so the realloc step before each first use builds them from the home, as it
+    rebuilds them in every later iteration: no temporary copy is resident before its call."""
     rank = dist.get_rank()
     join(cfg.gen.backend)  # the generation backend's groups, on every rank (meshrl/gen)
     homes = home_calls(graph)
@@ -192,27 +211,48 @@ def build_roles(cfg: Config, graph: Graph, plan: ExecutionPlan, states: dict, ca
     for role in graph.roles():
         mcfg, load = states[role]
         home = plan.calls[homes[role]].placement
-        rm = RoleModels(role, mcfg, home, role in trained)
+        rm = RoleModels(role, mcfg, home, role in trained, compile_layers=cfg.train.compile is True)
         out[role] = rm
         if load is None:
             continue
-        placements = [home] + [plan.calls[c.name].placement for c in graph.calls if c.role == role]
-        for pl in dict.fromkeys(placements):  # unique, in order
+        rm.dtype = load.dtype  # every rank's, also outside the home mesh (the reallocations' dtype)
+        uses: dict[Placement, list[str]] = {home: []}
+        for c in graph.calls:
+            if c.role == role:
+                uses.setdefault(plan.calls[c.name].placement, []).append(c.name)
+        for pl, names in uses.items():  # unique, in order
             if rank not in pl.mesh:
                 continue
-            optim = adamw_for(cfg, role) if rm.trained and pl == home else None
-            rm.models[pl] = ParallelModel.create(mcfg, pl, cache, load, value_head=role in VALUE_ROLES,
-                                                 optim=optim, timeout_s=timeout_s,
-                                                 activation_checkpointing=optim is not None
-                                                 and cfg.train.activation_checkpointing,
-                                                 grad_bucket_bytes=int(cfg.train.grad_bucket_mb * 2**20),
-                                                 overlap_grad_reduce=cfg.train.overlap_grad_reduce,
-                                                 compile_layers=cfg.train.compile is True)
-            rm.dtype = rm.models[pl].dtype
-        for c in graph.calls:  # one engine per generation placement this rank is in (tp = pp = 1: per replica)
-            pl = plan.calls[c.name].placement
-            if c.role == role and c.kind == "generate" and rank in pl.mesh and pl not in rm.generators:
-                gen = make_generator(cfg.gen.backend, mcfg, rm.dtype, cfg.train.seed, mcfg.max_position_embeddings)
-                if gen is not None:
-                    rm.generators[pl] = gen
+            if pl != home and any(temporary(graph, plan, n) for n in names):
+                check_shardable(mcfg, pl)
+                rm.dropped[pl] = cache.for_placement(pl, mcfg.num_key_value_heads)
+                continue
+            rm.models[pl] = _create(cfg, rm, pl, cache, load, timeout_s)
+            if pl == home:
+                rm.dtype = rm.models[pl].dtype
+        _generators(cfg, graph, plan, rm, rank)
     return out
+
+
+def _create(cfg: Config, rm: RoleModels, pl: Placement, cache: GroupCache, load, timeout_s: float
+            ) -> ParallelModel:
+    """This rank's model of ``rm`` at ``pl`` from ``load`` (with the optimizer at a trained role's home)."""
+    optim = adamw_for(cfg, rm.name) if rm.trained and pl == rm.home else None
+    return ParallelModel.create(rm.cfg, pl, cache, load, value_head=rm.name in VALUE_ROLES, optim=optim,
+                                timeout_s=timeout_s,
+                                activation_checkpointing=optim is not None and cfg.train.activation_checkpointing,
+                                grad_bucket_bytes=int(cfg.train.grad_bucket_mb * 2**20),
+                                overlap_grad_reduce=cfg.train.overlap_grad_reduce,
+                                compile_layers=rm.compile_layers)
+
+
+def _generators(cfg: Config, graph: Graph, plan: ExecutionPlan, rm: RoleModels, rank: int) -> None:
+    """One engine per generation placement of ``rm`` this rank is in (gen.backend other than meshrl;
+    tp = pp = 1: per replica), in the role's dtype; its weights come from the ParallelModel there
+    (``rollout``), which the realloc step before the call has built or refreshed."""
+    for c in graph.calls:
+        pl = plan.calls[c.name].placement
+        if c.role == rm.name and c.kind == "generate" and rank in pl.mesh and pl not in rm.generators:
+            gen = make_generator(cfg.gen.backend, rm.cfg, rm.dtype, cfg.train.seed, rm.cfg.max_position_embeddings)
+            if gen is not None:
+                rm.generators[pl] = gen

@@ -23,7 +23,7 @@ from ..config import Config
 from ..parallel import comm
 from ..parallel.groups import GroupCache, all_axes
 from ..plan.execution_plan import ExecutionPlan
-from ..plan.problem import model_for
+from ..plan.problem import role_model
 from . import faults, replan
 from .ahead import restore_ahead, save_after
 from .checkpoint import export_trained, latest_checkpoint, load_checkpoint
@@ -83,7 +83,7 @@ def make_groups(cache: GroupCache, groups: list[tuple[int, ...]]) -> None:
 def model_configs(cfg: Config) -> list:
     """The model configs of the run's roles (presets or checkpoints), for the groups' kv axis."""
     graph = graph_of(cfg)
-    return [model_for(getattr(cfg.models, role), role) for role in graph.roles()]
+    return [role_model(cfg, role) for role in graph.roles()]
 
 
 def build(cfg: Config, plan: ExecutionPlan, out: str | None, start: int, timeout_s: float,

@@ -11,6 +11,8 @@ from meshrl.layout.mesh import Placement
 from meshrl.layout.shardmap import shard_map
 from meshrl.model.checkpoint import build_model, load_pretrained
 from meshrl.parallel.load import InitLoader, SafetensorsLoader
+from meshrl.model.presets import get_preset
+from meshrl.plan.problem import problem_from_config
 from meshrl.runtime.roles import initial_states
 
 PL = Placement.parse("dp1tp2pp2@0-3")  # 2-way tensor slices and stage splits
@@ -46,10 +48,12 @@ def test_safetensors_loader_reads_slices_like_load_pretrained(tmp_path):
 
 
 @pytest.mark.parametrize("algo", ["ppo", "rm"])
-@pytest.mark.parametrize("paths", [False, True])
+@pytest.mark.parametrize("paths", [False, True, "presets"])
 def test_initial_states_equal_the_whole_models_of_setup(algo, paths, tmp_path):
     over = [f"algo={algo}", "sft.warmup=false", "train.seed=3"]
-    if paths:
+    if paths == "presets":  # roles with presets of their own (seeded inits, not the actor's backbone)
+        over += ["models.critic=tiny-llama3", "models.ref=tiny-qwen3", "models.reward=tiny-llama3"]
+    elif paths:
         build_model("tiny", seed=11).save_pretrained(tmp_path / "a")
         build_model("tiny", seed=12, value_head=True).save_pretrained(tmp_path / "r")
         over += [f"models.actor.path={tmp_path / 'a'}", f"models.ref.path={tmp_path / 'a'}",
@@ -86,3 +90,21 @@ def test_every_shard_is_a_tensor_of_its_own(tmp_path):
                 ptr = alive[-1].untyped_storage().data_ptr()
                 assert ptr not in seen, f"{role} {name} shares storage with {seen[ptr]}"
                 seen[ptr] = (role, name)
+
+
+@pytest.mark.parametrize("over, want", [
+    ([], {"critic": "tiny-qwen3", "ref": "tiny-qwen3"}),  # unset: the actor's
+    (["models.critic=tiny", "models.ref=tiny-qwen3"], {"critic": "tiny", "ref": "tiny-qwen3"}),
+    (["models.critic.preset=tiny-llama3", "models.ref=tiny"], {"critic": "tiny-llama3", "ref": "tiny"}),
+])
+def test_the_runtime_builds_each_role_at_the_model_the_planner_prices(over, want):
+    """A role with a preset other than the actor's is that preset, in the planner's problem and in
+    the runtime's initial states alike; a role with none is the actor's model in both."""
+    cfg = load_config(None, ["algo=ppo", "sft.warmup=false", "cluster.device=h100-80g", "models.actor=tiny-qwen3",
+                            *over])
+    states, priced = initial_states(cfg), problem_from_config(cfg).models
+    for role in ("actor", "critic", "ref"):
+        preset = want.get(role, "tiny-qwen3")
+        assert states[role][0] == priced[role] == get_preset(preset), role
+    critic = states["critic"][1]  # the critic starts at values 0 whatever its backbone
+    assert not critic("score.weight", ((0, 1), (0, get_preset(want["critic"]).hidden_size))).any()

@@ -9,9 +9,11 @@ import pytest
 
 from meshrl.algo.graph import graph_for
 from meshrl.config import load_config
+from meshrl.layout.mesh import Placement
+from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
 from meshrl.plan.problem import problem_from_config
 from meshrl.plan.strategies import build
-from meshrl.plan.steps import generated_ahead, steps
+from meshrl.plan.steps import generated_ahead, steps, temporary
 
 from runtime.runtime_util import random_plan
 
@@ -113,3 +115,22 @@ def test_every_rank_of_a_call_has_its_inputs_first(algo):
                 for p in graph.parents(s.call):
                     missing = set(s.ranks) - have.get((p, s.iteration), set())
                     assert not missing, f"seed {seed}: {s.call} runs on {sorted(missing)} without {p}'s output"
+
+
+def test_which_copies_are_temporary():
+    """A copy is dropped after its call unless it is the home, a shadow actor (generation on ranks
+    the home does not use) or kept by the plan; the runtime builds only the others at the start."""
+    graph = graph_for("ppo", 1)
+
+    def plan(keep: bool = False, **where: str) -> ExecutionPlan:
+        at = {c.name: "dp1tp2pp1@0-1" for c in graph.calls} | where
+        calls = {n: CallPlan(Placement.parse(s).mesh, Placement.parse(s).layout, 1) for n, s in at.items()}
+        return ExecutionPlan(Cluster(1, 4), calls, "test", keep_copies=keep)
+
+    same = plan()
+    assert not any(temporary(graph, same, c.name) for c in graph.calls)  # every call at its role's home
+    overlapping = plan(actor_gen="dp2tp1pp1@0-1", critic_inf="dp1tp2pp1@2-3")
+    assert temporary(graph, overlapping, "actor_gen") and temporary(graph, overlapping, "critic_inf")
+    assert not temporary(graph, overlapping, "actor_train")
+    assert not temporary(graph, plan(actor_gen="dp2tp1pp1@2-3"), "actor_gen")  # a shadow actor stays
+    assert not temporary(graph, plan(True, actor_gen="dp2tp1pp1@0-1"), "actor_gen")  # keep_copies

@@ -11,6 +11,9 @@ import dataclasses
 import torch
 
 from meshrl.config import load_config
+from meshrl.layout.mesh import Placement
+from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
+from meshrl.observe.metrics import deterministic_part
 from meshrl.runtime.engine import Engine
 from meshrl.runtime.launch import RankPool
 from meshrl.runtime.report import record_of
@@ -57,3 +60,51 @@ def test_dropping_copies_and_offloading_change_nothing_but_memory():
     worst_off = assert_same(got[False, False][0], got[False, True][0], "offload_frozen true vs false")
     print(f"dropped {got[False, False][1]} copies, offloaded {got[False, True][2]} times over {WORLD} ranks; "
           f"worst scaled diff {worst:.1e} (keep_copies), {worst_off:.1e} (offload_frozen)")
+
+
+# Temporary copies of both kinds: actor_gen on the actor's home ranks in another layout, critic_inf on
+# ranks the critic's home does not use (there the role's dtype comes from no model of its own).
+COPIES = {"actor_train": "dp1tp2pp1@0-1", "actor_gen": "dp2tp1pp1@0-1", "ref_inf": "dp1tp1pp2@2-3",
+          "reward_inf": "dp2tp1pp1@2-3", "critic_train": "dp1tp1pp2@2-3", "critic_inf": "dp1tp2pp1@0-1"}
+# A shadow actor (generation on devices of its own): it stays, so it is built with the home.
+SHADOW = {**COPIES, "actor_gen": "dp2tp1pp1@2-3"}
+
+
+def plan_of(calls: dict[str, str], keep: bool = False) -> ExecutionPlan:
+    cps = {n: CallPlan(pl.mesh, pl.layout, 1) for n, pl in ((n, Placement.parse(s)) for n, s in calls.items())}
+    return ExecutionPlan(Cluster(1, WORLD), cps, "copies", keep_copies=keep)
+
+
+def built_then_run(cfg, plan, iterations: int):
+    """(this rank's {role: (placements built, placements dropped)} right after the engine is built,
+    rank 0's metrics records of ``iterations`` iterations, {role: dtype} of this rank)."""
+    torch.set_num_threads(1)
+    kv = {m.num_key_value_heads for m in model_configs(cfg)}
+    make_groups(process_cache(TIMEOUT), plan_groups(plan, kv))
+    engine = Engine(cfg, plan, process_cache(TIMEOUT), TIMEOUT, lambda _: None)
+    built = {n: (sorted(map(str, rm.models)), sorted(map(str, rm.dropped))) for n, rm in engine.roles.items()}
+    records = [record_of(it.iteration, it.logs, 0.0) for it in engine.iterate(0, iterations) if it.logs is not None]
+    return built, records, {n: rm.dtype for n, rm in engine.roles.items()}
+
+
+def test_temporary_copies_start_dropped_and_are_built_by_the_first_reallocation():
+    """After the build only the homes (and a shadow actor) exist; every other copy is dropped, with
+    its groups, until the realloc step before its call builds it from the home. The first iteration
+    then equals, bit for bit, the same plan under keep_copies (every copy resident throughout), in
+    bf16, where the copies on ranks without the role's home must still reallocate in bf16."""
+    cfg = load_config(None, CONFIGS["ppo"] + COMMON + ["sft.warmup=false", "train.dtype=bfloat16"])
+    with RankPool(WORLD, timeout=300) as pool:
+        lean = pool.run(built_then_run, cfg, plan_of(COPIES), 1)
+        kept = pool.run(built_then_run, cfg, plan_of(COPIES, keep=True), 1)
+        shadow = pool.run(built_then_run, cfg, plan_of(SHADOW), 0)
+    for r in range(WORLD):
+        low = r < 2
+        assert lean[r][0]["actor"] == ((["dp1tp2pp1@0-1"], ["dp2tp1pp1@0-1"]) if low else ([], [])), r
+        assert lean[r][0]["critic"] == (([], ["dp1tp2pp1@0-1"]) if low else (["dp1tp1pp2@2-3"], [])), r
+        assert lean[r][0]["ref"] == (([], []) if low else (["dp1tp1pp2@2-3"], [])), r
+        assert all(not d for _, d in kept[r][0].values()) and len(kept[r][0]["actor"][0]) == (2 if low else 0)
+        assert shadow[r][0]["actor"] == ((["dp1tp2pp1@0-1"], []) if low else (["dp2tp1pp1@2-3"], [])), r
+        assert lean[r][2]["critic"] == torch.bfloat16 and lean[r][2]["actor"] == torch.bfloat16, r
+    want, got = kept[0][1], lean[0][1]
+    assert len(want) == len(got) == 1 and want[0]["reward/mean"] == got[0]["reward/mean"]
+    assert deterministic_part(want[0]) == deterministic_part(got[0]), "dropped copies changed the numbers"
