@@ -63,8 +63,8 @@ class KVCache:
 
     ``qkv`` ((weight [q+k+v, hidden], bias or None)) and ``gate_up`` ([2 x intermediate, hidden]):
     the layer's projections concatenated for the generation this cache lives through (the weights
-    do not change during it), or None; see generation.fused_weights. ``packed``: the layer's
-    projections reordered for oneDNN's matmul for that generation (generation.PackedLayer), or None;
+    do not change during it), or None; see decode_weights.fused_weights. ``packed``: the layer's
+    projections reordered for oneDNN's matmul for that generation (decode_weights.PackedLayer), or None;
     ``head``: the same for the LM head, on the last layer's cache of the stage that holds it."""
 
     def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int,
@@ -73,8 +73,8 @@ class KVCache:
         self.v = torch.zeros_like(self.k)
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.gate_up: torch.Tensor | None = None
-        self.packed = None  # generation.PackedLayer
-        self.head = None  # generation.Packed
+        self.packed = None  # decode_weights.PackedLayer
+        self.head = None  # decode_weights.Packed
 
     def update(self, start: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:

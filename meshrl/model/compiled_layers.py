@@ -73,7 +73,7 @@ def prefill_layer(layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: 
                   token_mask: torch.Tensor | None, unpad: Unpad | None, last: bool = False) -> torch.Tensor:
     """A ``Backbone.forward`` ``layer_fn`` for a generation's prefill (gen.compile, tp = 1): a dense
     layer filling its cache from slot 0 runs the compiled function; any other call, the layer (and
-    so does a cache carrying eager decoding's packed weights: generation.make_caches)."""
+    so does a cache carrying eager decoding's packed weights: decode_weights.make_caches)."""
     if layer.moe or cache is None or cache.packed is not None or not isinstance(start, int) or start != 0:
         return layer(h, cos, sin, mask, cache, start, token_mask, unpad, last)
     return _compiled_prefill_call(h.device.type)(layer, h, cos, sin, mask, None if unpad is None else unpad.idx,

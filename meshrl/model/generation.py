@@ -34,6 +34,7 @@ from ..errors import UserError
 from .compiled_layers import allow_recompiles, prefill_layer
 from .sampling import filter_logits, row_keys, sample_tokens
 from .batch_layout import KVCache
+from .decode_weights import head_call, make_caches
 from . import worst_case
 from .transformer import CausalLM
 from .numerics import wide
@@ -106,104 +107,6 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device
         ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         mask[i, width - len(p):] = 1
     return ids.to(device), mask.to(device)
-
-
-def make_caches(model, batch: int, max_len: int, pack: bool = True) -> list[KVCache]:
-    """One static cache per local layer, sized for the heads this module actually holds, carrying
-    the layer's fused projections where they pay (``fused_weights``) or, with ``pack`` (eager
-    decoding), its projections and the LM head ordered for oneDNN where that applies
-    (``pack_projections``)."""
-    layers = model.model.layers
-    attn = layers[0].self_attn
-    w = attn.k_proj.weight
-    kv_heads = w.shape[0] // attn.head_dim
-    caches = [KVCache(batch, kv_heads, max_len, attn.head_dim, w.dtype, w.device) for _ in layers]
-    if pack and pack_projections(w):
-        for layer, c in zip(layers, caches, strict=True):
-            c.packed = PackedLayer.of(layer, batch)
-        head = lm_head_of(model)
-        if head is not None and caches:
-            caches[-1].head = Packed(head.weight, head.bias, batch)
-    elif fuse_projections(w):
-        for layer, c in zip(layers, caches, strict=True):
-            c.qkv, c.gate_up = fused_weights(layer)
-    return caches
-
-
-def lm_head_of(model) -> torch.nn.Module | None:
-    """A CausalLM's ``lm_head``, a pipeline stage's ``head`` (None off the last stage)."""
-    head = getattr(model, "lm_head", None)
-    return head if head is not None else getattr(model, "head", None)
-
-
-def head_call(model, caches: list[KVCache]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The LM head a generation runs: its packed copy where make_caches made one, else the module."""
-    packed = caches[-1].head if caches else None
-    return packed if packed is not None else lm_head_of(model)
-
-
-def pack_projections(weight: torch.Tensor) -> bool:
-    """Whether eager decoding runs each projection (and the LM head) through oneDNN's matmul on a
-    copy of the weight reordered once per generation: float32 on a CPU, where MKL's GEMM of a
-    decode step's few rows is the slow orientation (docs/model.md "Packed weights"). The packed
-    matmul also gives every row the same bits whatever the batch it runs in, which F.linear does
-    not. Not with bf16 (fused_weights: oneDNN already), nor float64 (oneDNN has none), nor under a
-    dry run's fake tensors, nor on a GPU."""
-    return (weight.dtype == torch.float32 and worst_case.device_type(weight) == "cpu" and not worst_case.active()
-            and type(weight) in (torch.Tensor, torch.nn.Parameter) and torch.backends.mkldnn.is_available())
-
-
-class Packed:
-    """y = x @ W^T + b through oneDNN's matmul on W reordered for it once (a generation's copy:
-    each optimizer step's new weights are the ones packed at the next generation's start)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> None:
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(1, rows))
-        self.bias = None if bias is None else bias.detach()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-
-
-@dataclass
-class PackedLayer:
-    """A decoder layer's projections for one generation: q|k|v and gate|up concatenated (one
-    matmul each), o and down; gate_up / down None for a MoE layer (its experts stay eager)."""
-
-    qkv: Packed
-    o: Packed
-    gate_up: Packed | None
-    down: Packed | None
-
-    @classmethod
-    def of(cls, layer, rows: int) -> "PackedLayer":
-        (w, b), gate_up = fused_weights(layer)
-        a = layer.self_attn
-        mlp = None if layer.moe else layer.mlp
-        return cls(Packed(w, b, rows), Packed(a.o_proj.weight, None, rows),
-                   None if mlp is None else Packed(gate_up, None, rows),
-                   None if mlp is None else Packed(mlp.down_proj.weight, None, rows))
-
-
-def fuse_projections(weight: torch.Tensor) -> bool:
-    """Whether decoding concatenates q/k/v and gate/up into one matmul each: with bf16 (fp16) weights
-    on a CPU, where oneDNN's small-row matmul pays a fixed cost per call whatever its size, so one
-    call instead of three (two) saves it (docs/model.md "bf16 on a CPU"). Not in float32 (no gain,
-    and the same blocking as an unfused forward keeps tokens equal to it), nor on a GPU (the copy
-    would hold a second set of weights in device memory)."""
-    return worst_case.device_type(weight) == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
-
-
-def fused_weights(layer) -> tuple[tuple[torch.Tensor, torch.Tensor | None] | None, torch.Tensor | None]:
-    """A decoder layer's (q|k|v weight and bias, gate|up weight) for one generation: copies, made at
-    its start, so each optimizer step's new weights are the ones used."""
-    a = layer.self_attn
-    projs = (a.q_proj, a.k_proj, a.v_proj)
-    bias = None if a.q_proj.bias is None else torch.cat([p.bias for p in projs]).detach()
-    qkv = (torch.cat([p.weight for p in projs]).detach(), bias)
-    if layer.moe:
-        return qkv, None
-    return qkv, torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]).detach()
 
 
 def compact_caches(caches: list[KVCache], keep: torch.Tensor) -> None:

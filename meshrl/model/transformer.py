@@ -77,12 +77,12 @@ class Attention(nn.Module):
         attention over S = T keys (then SDPA takes its is_causal path). ``last``: keys and values
         of every position (and the cache filled with them), the output of position S-1 only,
         [B, 1, hidden] (a prefill's last layer: no other position's output is ever read)."""
-        packed = None if cache is None else cache.packed  # generation.PackedLayer: oneDNN-ordered copies
+        packed = None if cache is None else cache.packed  # decode_weights.PackedLayer: oneDNN-ordered copies
         if packed is not None:
             q, k, v = packed.qkv(x).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
             q = last_position(q, unpad) if last else q
-        elif cache is not None and cache.qkv is not None:  # one matmul for three (generation.fused_weights)
+        elif cache is not None and cache.qkv is not None:  # one matmul for three (decode_weights.fused_weights)
             q, k, v = F.linear(x, *cache.qkv).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
             q = last_position(q, unpad) if last else q
@@ -157,7 +157,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, gate_up: torch.Tensor | None = None, packed=None) -> torch.Tensor:
         """``gate_up``: gate_proj's and up_proj's weights concatenated (one matmul), or None;
-        ``packed``: a generation's oneDNN-ordered copies (generation.PackedLayer), or None."""
+        ``packed``: a generation's oneDNN-ordered copies (decode_weights.PackedLayer), or None."""
         if packed is not None:
             gate, up = packed.gate_up(x).chunk(2, -1)
             return packed.down(F.silu(gate) * up)

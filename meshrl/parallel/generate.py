@@ -20,9 +20,9 @@ import torch
 
 from ..errors import UserError
 from ..model.compiled_layers import prefill_layer
+from ..model.decode_weights import head_call, make_caches
 from ..model.generation import (GenerationConfig, GenerationOutput, bind_decode_pick, compact_caches, compiled,
-                                decode_and_pick, decode_loop, cache_length, head_call, left_pad, make_caches,
-                                pick_token, seed_keys)
+                                decode_and_pick, decode_loop, cache_length, left_pad, pick_token, seed_keys)
 from .generate_micro import micro_decode
 from .groups import Axis
 from .pipeline import Pipe
@@ -83,8 +83,8 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     if pipe.axis.size > 1 and m > 1 and len(prompts) > 1:
         return micro_decode(pipe, lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, pre),
                             lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, fwd),
-                            lambda b: make_caches(stage, b, cache_len, pack=not static), ids, prompt_mask, keys, cfg, m, static,
-                            wide_dtype(stage.dtype))
+                            lambda b: make_caches(stage, b, cache_len, pack=not static), ids, prompt_mask, keys, cfg,
+                            m, static, wide_dtype(stage.dtype))
     caches = make_caches(stage, len(prompts), cache_len, pack=not static)
 
     def pick(logits: torch.Tensor | None, rows: torch.Tensor, step: torch.Tensor

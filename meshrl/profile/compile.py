@@ -27,7 +27,8 @@ import torch
 from ..model.checkpoint import build_model
 from ..model.compiled_layers import compile_layers
 from ..model.config import ModelConfig
-from ..model.generation import compiled, decode_and_pick, decode_one, make_caches, sequence_logprobs
+from ..model.decode_weights import make_caches
+from ..model.generation import compiled, decode_and_pick, decode_one, sequence_logprobs
 from ..model.presets import get_preset
 from .layers import DEEP, _layer_pair
 

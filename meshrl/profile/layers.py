@@ -18,7 +18,8 @@ import torch
 from ..model.config import ModelConfig, param_shapes
 from ..model.presets import get_preset
 from ..model.checkpoint import build_model
-from ..model.generation import decode_one, make_caches, sequence_logprobs
+from ..model.decode_weights import make_caches
+from ..model.generation import decode_one, sequence_logprobs
 from ..parallel.data import AdamWConfig, ZeroAdamW, clip_grad_norm
 from ..plan.estimator import ADAM_STEP_BYTES
 from ..parallel.groups import Axis

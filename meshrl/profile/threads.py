@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..model.generation import decode_one, make_caches, sequence_logprobs
+from ..model.decode_weights import make_caches
+from ..model.generation import decode_one, sequence_logprobs
 from ..model.checkpoint import build_model
 from .layers import DECODE_CONTEXT, DEEP, pair_medians, width_configs
 

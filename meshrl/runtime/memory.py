@@ -45,7 +45,7 @@ class _LiveBytes(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                 continue
-            # oneDNN's packed weights (generation.Packed) are opaque: no storage to ask, their own bytes
+            # oneDNN's packed weights (decode_weights.Packed) are opaque: no storage to ask, their own bytes
             st = t if t.is_mkldnn else t.untyped_storage()
             key, n = (id(t), t.numel() * t.element_size()) if t.is_mkldnn else (st.data_ptr(), st.nbytes())
             if n == 0 or key in self._seen or key in _held_ptrs:

@@ -59,10 +59,11 @@ def test_compiled_sampling_is_batch_invariant_and_compacts(pair):
 @pytest.mark.parametrize("compile_,family",
                          [(False, "tiny"), (True, "tiny"), (False, "qwen2-bias"), (False, "tiny-qwen3")])
 def test_fused_projections_give_the_unfused_tokens(monkeypatch, compile_, family):
-    """bf16 on a CPU decodes with q|k|v and gate|up concatenated (generation.fuse_projections): the
+    """bf16 on a CPU decodes with q|k|v and gate|up concatenated (decode_weights.fuse_projections): the
     same tokens and log-probs as the separate matmuls, bit for bit; and the copies are made per
     generation, so a weight update shows in the next one."""
-    from meshrl.model import generation as G
+    from meshrl.model import decode_weights as G
+    from meshrl.model.generation import GenerationConfig, generate
     from meshrl.model.checkpoint import build_model
 
     from dataclasses import replace
@@ -74,17 +75,17 @@ def test_fused_projections_give_the_unfused_tokens(monkeypatch, compile_, family
     model = build_model(cfg).to(torch.bfloat16)
     assert G.fuse_projections(model.lm_head.weight)
     prompts, seeds = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]], [1, 2, 3]
-    cfg = G.GenerationConfig(max_new_tokens=12, compile=compile_)
-    fused = G.generate(model, prompts, cfg, seeds)
+    cfg = GenerationConfig(max_new_tokens=12, compile=compile_)
+    fused = generate(model, prompts, cfg, seeds)
     with monkeypatch.context() as m:
         m.setattr(G, "fuse_projections", lambda w: False)
-        plain = G.generate(model, prompts, cfg, seeds)
+        plain = generate(model, prompts, cfg, seeds)
     assert torch.equal(fused.responses, plain.responses)
     assert torch.equal(fused.response_logprobs, plain.response_logprobs)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.mlp.up_proj.weight.mul_(-1)
-    changed = G.generate(model, prompts, cfg, seeds)
+    changed = generate(model, prompts, cfg, seeds)
     assert not torch.equal(changed.response_logprobs, fused.response_logprobs)
 
 
@@ -92,7 +93,8 @@ def test_prefill_runs_compiled_and_fills_the_cache_as_eager(pair, monkeypatch):
     """gen.compile's prefill: each dense layer filling its cache from slot 0 goes through the compiled
     layer function (dynamic shapes), with the eager hidden states and cache contents."""
     import meshrl.model.compiled_layers as cl
-    from meshrl.model.generation import left_pad, make_caches
+    from meshrl.model.decode_weights import make_caches
+    from meshrl.model.generation import left_pad
 
     ours, _ = pair
     calls = []

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from meshrl.model import build_model
-from meshrl.model.generation import left_pad, make_caches
+from meshrl.model.decode_weights import make_caches
+from meshrl.model.generation import left_pad
 
 
 def _batches(vocab: int) -> list[list[list[int]]]:

@@ -1,5 +1,5 @@
 """Eager float32 decoding on a CPU runs its projections and LM head through oneDNN on weights packed
-once per generation (meshrl/model/generation.py ``Packed``): the F.linear values up to rounding, the
+once per generation (meshrl/model/decode_weights.py ``Packed``): the F.linear values up to rounding, the
 same bits for a row whatever its batch, and only where it applies."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from meshrl.model.checkpoint import build_model
-from meshrl.model.generation import GenerationConfig, Packed, generate, make_caches, pack_projections
+from meshrl.model.decode_weights import Packed, make_caches, pack_projections
+from meshrl.model.generation import GenerationConfig, generate
 
 
 def test_packed_matmul_is_the_linear_and_batch_invariant():
@@ -41,7 +42,7 @@ def test_caches_carry_the_packed_layers_and_head_and_generation_matches_unpacked
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
     cfg = GenerationConfig(max_new_tokens=8, greedy=True, eos_token_id=None, pad_token_id=0)
     packed = generate(model, prompts, cfg)
-    import meshrl.model.generation as gen
+    import meshrl.model.decode_weights as gen
 
     real = gen.pack_projections
     try:
