@@ -265,6 +265,9 @@ def _generate(c: _Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     prefill_act = bm * shape.prompt_len * mc.infer_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     if c.hw.name == "cpu" and c.hw.dtype_bytes == 2:  # bf16 decoding on a CPU fuses q|k|v and gate|up: copies
         prefill_act += mc.fused_decode_bytes(c.lay.pp, c.lay.tp, c.hw.dtype_bytes)
+    elif c.hw.name == "cpu" and c.hw.dtype_bytes == 4 and not c.gen_compiled and not shape.engine_copy:
+        # eager float32 decoding packs its projections and LM head for oneDNN once per generation
+        prefill_act += mc.fused_decode_bytes(c.lay.pp, c.lay.tp, c.hw.dtype_bytes, packed=True)
     # the share of the stages computing at once: their busy seconds over pp x the call's
     active = min(1.0, busy / (c.lay.pp * t)) if t > 0 else 1.0
     return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=active)
@@ -385,21 +388,9 @@ def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches
         sync = 2 * c.stage_param_bytes / hw.hbm_bw
         est = replace(est, time_s=est.time_s + sync, weights_bytes=est.weights_bytes + c.stage_param_bytes,
                       breakdown={**est.breakdown, "weight_sync": sync})
-    elif spec.kind == "generate" and hw.name == "cpu" and hw.dtype_bytes == 4 and not c.gen_compiled:
-        # eager float32 decoding on a CPU packs its projections and LM head for oneDNN once per
-        # generation: a second copy of those weights while it runs (model/generation.py Packed)
-        est = replace(est, weights_bytes=est.weights_bytes + packed_bytes(c))
     if not hw.call_host_s:
         return est
     return replace(est, time_s=est.time_s + hw.call_host_s, breakdown={**est.breakdown, "host": hw.call_host_s})
-
-
-def packed_bytes(c: _Ctx) -> float:
-    """Bytes of the largest stage's packed projections (a MoE layer's experts stay unpacked) and head."""
-    m = c.mc.cfg
-    attn = m.hidden_size * (m.q_size + 2 * m.kv_size) + m.q_size * m.hidden_size
-    per_layer = attn if m.num_experts else c.mc.layer_params
-    return (c.stage_layers * per_layer + c.mc.head_params) / c.lay.tp * c.hw.dtype_bytes
 
 
 def max_micro_batches(spec: CallSpec, shape: RunShape, layout: Layout) -> int:

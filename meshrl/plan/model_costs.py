@@ -167,15 +167,18 @@ class ModelCosts:
             return dt * h + logits
         return (w + 2 * dt) * h + max(logits, 4 * w * h)
 
-    def fused_decode_bytes(self, pp: int, tp: int, dtype_bytes: int) -> float:
-        """The second copy of the largest stage's q|k|v and gate|up weights that decoding in bf16 on
-        a CPU makes (model/generation.fuse_projections), per TP rank."""
+    def fused_decode_bytes(self, pp: int, tp: int, dtype_bytes: int, packed: bool = False) -> float:
+        """Per TP rank, the second copy of the largest stage's weights that decoding on a CPU makes
+        (model/decode_weights.py): in bf16 its fused q|k|v and gate|up; ``packed`` (eager float32),
+        oneDNN's packed q|k|v, o, gate|up, down (a MoE layer's experts stay unpacked) and LM head."""
         cfg = self.cfg
         kv = max(1, cfg.num_key_value_heads // tp) * cfg.head_dim
-        per_layer = cfg.hidden_size * (cfg.q_size / tp + 2 * kv)
+        per_layer = cfg.hidden_size * (cfg.q_size / tp + 2 * kv) + (cfg.q_size / tp * cfg.hidden_size if packed else 0)
         n_dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
-        per_layer += n_dense / cfg.num_hidden_layers * 2 * cfg.hidden_size * cfg.intermediate_size / tp
-        return -(-cfg.num_hidden_layers // pp) * per_layer * dtype_bytes
+        mlp = (3 if packed else 2) * cfg.hidden_size * cfg.intermediate_size / tp
+        per_layer += n_dense / cfg.num_hidden_layers * mlp
+        head = self.head_params / tp if packed and not self.value_head else 0
+        return (-(-cfg.num_hidden_layers // pp) * per_layer + head) * dtype_bytes
 
     @property
     def out_width(self) -> int:

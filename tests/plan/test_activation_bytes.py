@@ -76,10 +76,10 @@ def test_forward_without_autograd_peaks_where_the_estimator_says(preset, dtype):
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
 def test_the_fused_decoding_copies_of_bf16_on_a_cpu_are_priced(preset):
-    """Generation in bf16 on a CPU copies each layer's q|k|v and gate|up weights (model/generation.py
+    """Generation in bf16 on a CPU copies each layer's q|k|v and gate|up weights (model/decode_weights.py
     fused_weights): the estimator adds those bytes to a generate call there, and only there."""
     from meshrl.layout.mesh import Layout
-    from meshrl.model.generation import fused_weights
+    from meshrl.model.decode_weights import fused_weights
     from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
     from meshrl.plan.hardware import PRESETS
 
@@ -95,6 +95,35 @@ def test_the_fused_decoding_copies_of_bf16_on_a_cpu_are_priced(preset):
     extra = {name: estimate_call(spec, shape, Layout(1, 1, 1), 1, dataclasses.replace(gpu, name=name)).transient_bytes
              - estimate_call(spec, shape, Layout(1, 1, 1), 1, gpu).transient_bytes for name in ("cpu", "h100-80g")}
     assert extra == {"cpu": copies, "h100-80g": 0}
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
+def test_the_packed_float32_decoding_copies_on_a_cpu_are_priced(preset):
+    """Eager float32 generation on a CPU packs each layer's projections and the LM head for oneDNN
+    (model/decode_weights.py Packed): the estimator adds exactly those bytes to a generate call
+    there, and neither under gen.compile nor on a GPU."""
+    from meshrl.layout.mesh import Layout
+    from meshrl.model.checkpoint import build_model
+    from meshrl.model.decode_weights import make_caches
+    from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
+    from meshrl.plan.hardware import PRESETS
+
+    cfg = _cfg(preset)
+    caches = make_caches(build_model(cfg), 4, 16)
+    packs = [p for c in caches if c.packed for p in (c.packed.qkv, c.packed.o, c.packed.gate_up, c.packed.down)]
+    packs += [caches[-1].head]
+    copies = sum(p.weight.numel() * p.weight.element_size() for p in packs if p is not None)
+    assert model_costs(cfg).fused_decode_bytes(1, 1, 4, packed=True) == copies
+    spec, shape = CallSpec("actor_gen", "actor", "generate", cfg), RunShape(16, 16, 8)
+    gpu = dataclasses.replace(PRESETS["h100-80g"], dtype_bytes=4)
+
+    def extra(name, **kw):
+        hw = dataclasses.replace(gpu, name=name)
+        s = dataclasses.replace(shape, **kw)
+        return (estimate_call(spec, s, Layout(1, 1, 1), 1, hw).transient_bytes
+                - estimate_call(spec, s, Layout(1, 1, 1), 1, gpu).transient_bytes)
+
+    assert (extra("cpu"), extra("h100-80g"), extra("cpu", compile_gen=True)) == (copies, 0, 0)
 
 
 def test_bf16_attention_on_a_cpu_keeps_float32_copies():
