@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..plan.compile_choice import NO_PROFILE, choose_compile
+from ..plan.compile_choice import NO_PROFILE, choose_for_config
 from ..plan.search import DEFAULT_STEPS
 from ..plan.fallback import planning_config
 from ..plan.problem import problem_from_config
@@ -169,9 +169,7 @@ def run(args: argparse.Namespace) -> int:
     print(explain(problem, results, chosen))
     print(off_policy_line(problem, by_k) if lag is None else lag.line())
     if "auto" in (cfg.train.compile, cfg.gen.compile):  # what `meshrl train` would choose (plan/compile_choice.py)
-        gen = cfg.gen.compile if cfg.gen.backend == "meshrl" else False
-        print(choose_compile(problem, res.plan, cfg.train.iterations, cfg.train.compile, gen,
-                             NO_PROFILE if note else "").line())
+        print(choose_for_config(cfg, problem, res.plan, NO_PROFILE if note else "").line())
     for line in wrote:
         print(line)
     if args.validate:

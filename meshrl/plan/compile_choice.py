@@ -47,11 +47,12 @@ class CompileChoice:
         state = f"training {'on' if self.train else 'off'}, generation {'on' if self.gen else 'off'}"
         if self.why:
             return f"compile: {state} (auto: {self.why})"
+        if not self.saved_s:
+            return f"compile: {state}"
         parts = [f"{'training' if k == 'train' else 'generation'} saves {self.saved_s[k]:.0f} s for "
                  f"{self.cost_s[k]:.0f} s of compiling" + ("" if on[k] else ": not worth it")
                  for k in self.saved_s]
-        return f"compile: {state} (auto, predicted over the run: " + "; ".join(parts) + ")" if parts else \
-            f"compile: {state}"
+        return f"compile: {state} (auto, predicted over the run: {'; '.join(parts)})"
 
 
 def measured(problem: Problem) -> bool:
@@ -91,3 +92,10 @@ def choose_compile(problem: Problem, plan: ExecutionPlan, iterations: int, train
         cost_s[k] = sum(cost.get(kind, 0.0) for kind in KINDS[k])
         out[k] = saved[k] > cost_s[k]
     return CompileChoice(bool(out["train"]), bool(out["gen"]), saved, cost_s)
+
+
+def choose_for_config(cfg, problem: Problem, plan: ExecutionPlan, unmeasured: str = "") -> CompileChoice:
+    """``choose_compile`` for a run's config (meshrl/config Config) over all its iterations;
+    gen.backend=vllm compiles its own way, so gen.compile stays off there."""
+    gen = cfg.gen.compile if cfg.gen.backend == "meshrl" else False
+    return choose_compile(problem, plan, cfg.train.iterations, cfg.train.compile, gen, unmeasured)

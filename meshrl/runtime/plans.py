@@ -16,7 +16,7 @@ from ..config import Config, role_spec
 from ..errors import UserError
 from ..plan.execution_plan import Cluster, ExecutionPlan
 from ..plan.fallback import planning_config
-from ..plan.compile_choice import NO_PROFILE, choose_compile
+from ..plan.compile_choice import NO_PROFILE, choose_for_config
 from ..plan.lag import choose_lag, with_lag
 from ..plan.problem import problem_from_config
 from ..plan.search import search
@@ -86,14 +86,12 @@ def resolve_run(cfg: Config, spec: str, world: int) -> tuple[Config, ExecutionPl
 
 def resolve_compile(cfg: Config, plan: ExecutionPlan, world: int) -> tuple[Config, str]:
     """(the config with ``train.compile`` / ``gen.compile`` = auto resolved for ``plan``, the line
-    the run's header prints: meshrl/plan/compile_choice.py); the lag must be resolved already.
-    gen.backend=vllm compiles its own way: gen.compile stays off there."""
+    the run's header prints: meshrl/plan/compile_choice.py); the lag must be resolved already."""
     if "auto" not in (cfg.train.compile, cfg.gen.compile):
         return cfg, ""
     problem, note = _problem(cfg, run_cluster(cfg, world))
     problem = dataclasses.replace(problem, off_policy=cfg.train.off_policy, off_policy_max=None)
-    gen = cfg.gen.compile if cfg.gen.backend == "meshrl" else False
-    choice = choose_compile(problem, plan, cfg.train.iterations, cfg.train.compile, gen, NO_PROFILE if note else "")
+    choice = choose_for_config(cfg, problem, plan, NO_PROFILE if note else "")
     return with_compile(cfg, choice.train, choice.gen), choice.line()
 
 
