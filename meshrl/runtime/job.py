@@ -103,27 +103,26 @@ def prepare(cfg: Config, plan_spec: str, world: int, out: Path, resume: bool, qu
     return plan, start, cfg
 
 
-def saved_compile(out: Path) -> tuple[bool, bool] | None:
-    """(train.compile, gen.compile) recorded in OUT/config.yaml if both are true or false (what a run
-    with auto chose when it started), else None."""
+def _saved(out: Path, section: str, key: str):
+    """OUT/config.yaml's ``section.key`` (what a run with an auto setting chose when it started), or
+    None where the file, the section or the key is missing or unreadable."""
     try:
-        saved = yaml.safe_load((out / "config.yaml").read_text()) or {}
+        saved = yaml.safe_load((out / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return None
-    if not isinstance(saved, dict):
-        return None
-    got = tuple((saved.get(s) or {}).get("compile") for s in ("train", "gen"))
+    part = saved.get(section) if isinstance(saved, dict) else None
+    return part.get(key) if isinstance(part, dict) else None
+
+
+def saved_compile(out: Path) -> tuple[bool, bool] | None:
+    """(train.compile, gen.compile) recorded in OUT/config.yaml if both are true or false, else None."""
+    got = (_saved(out, "train", "compile"), _saved(out, "gen", "compile"))
     return got if all(isinstance(v, bool) for v in got) else None
 
 
 def saved_lag(out: Path) -> int | None:
-    """The ``train.off_policy`` recorded in OUT/config.yaml, if it is a number (the lag a run with
-    train.off_policy=auto chose when it started), else None."""
-    try:
-        saved = yaml.safe_load((out / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return None
-    k = (saved.get("train") or {}).get("off_policy") if isinstance(saved, dict) else None
+    """The ``train.off_policy`` recorded in OUT/config.yaml if it is a number, else None."""
+    k = _saved(out, "train", "off_policy")
     return k if isinstance(k, int) and not isinstance(k, bool) and k >= 0 else None
 
 
