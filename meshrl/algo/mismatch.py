@@ -59,14 +59,24 @@ def trainer_logprobs(h: ModelHandle, data: Batch, dp_index: int, dp_size: int, m
     return summed.view(len(data), n).to(mine.dtype)
 
 
-def mismatch_metrics(logp_engine: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """rollout/logp_diff_mean, rollout/logp_diff_max, rollout/mismatch_kl of [B, N] log-probs."""
+def mismatch_sums(logp_engine: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor
+                  ) -> tuple[float, float, float, float]:
+    """(sum of |diff|, sum of k3, tokens, max |diff|) over the response tokens of [B, N] log-probs."""
     m = mask.float()
-    tokens = float(m.sum().clamp(min=1))
     diff = (logp_engine - logp_trainer).abs() * m
     k3 = kl_estimate(logp_engine, logp_trainer, "k3") * m
-    return {"rollout/logp_diff_mean": float(diff.sum()) / tokens, "rollout/logp_diff_max": float(diff.max()),
-            "rollout/mismatch_kl": float(k3.sum()) / tokens}
+    return float(diff.sum()), float(k3.sum()), float(m.sum()), float(diff.max()) if diff.numel() else 0.0
+
+
+def mismatch_figures(diff: float, k3: float, tokens: float, most: float) -> dict[str, float]:
+    """The rollout/* figures of ``mismatch_sums``' four numbers."""
+    tokens = max(tokens, 1.0)
+    return {"rollout/logp_diff_mean": diff / tokens, "rollout/logp_diff_max": most, "rollout/mismatch_kl": k3 / tokens}
+
+
+def mismatch_metrics(logp_engine: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """rollout/logp_diff_mean, rollout/logp_diff_max, rollout/mismatch_kl of [B, N] log-probs."""
+    return mismatch_figures(*mismatch_sums(logp_engine, logp_trainer, mask))
 
 
 def rollout_weights(logp_engine: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor, mode: str,
@@ -130,13 +140,9 @@ class TrainForwardMismatch:
 
     @torch.no_grad()
     def add(self, logp_trainer: torch.Tensor, logp_engine: torch.Tensor, mask: torch.Tensor) -> None:
-        m = mask.float()
-        trainer = logp_trainer.detach().to(logp_engine.dtype)
-        diff = (logp_engine - trainer).abs() * m
-        self.diff += float(diff.sum())
-        self.k3 += float((kl_estimate(logp_engine, trainer, "k3") * m).sum())
-        self.tokens += float(m.sum())
-        self.max = max(self.max, float(diff.max()) if diff.numel() else 0.0)
+        diff, k3, tokens, most = mismatch_sums(logp_engine, logp_trainer.detach().to(logp_engine.dtype), mask)
+        self.diff, self.k3, self.tokens = self.diff + diff, self.k3 + k3, self.tokens + tokens
+        self.max = max(self.max, most)
 
     def metrics(self, dp_index: int, dp_size: int, sum_replicas) -> dict[str, float]:
         """Summed over the data-parallel replicas; the max as the sum of a vector holding each
@@ -144,6 +150,4 @@ class TrainForwardMismatch:
         sums = [self.diff, self.k3, self.tokens] + [self.max if i == dp_index else 0.0 for i in range(dp_size)]
         if dp_size > 1 and sum_replicas is not None:
             sums = sum_replicas(sums)
-        tokens = max(sums[2], 1.0)
-        return {"rollout/logp_diff_mean": sums[0] / tokens, "rollout/logp_diff_max": max(sums[3:]),
-                "rollout/mismatch_kl": sums[1] / tokens}
+        return mismatch_figures(sums[0], sums[1], sums[2], max(sums[3:]))
