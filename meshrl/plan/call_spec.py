@@ -191,7 +191,7 @@ class Estimate:
     breakdown: dict[str, float] = field(default_factory=dict)
     # The share of the call's devices computing at any moment: with pp > 1 each stage idles in
     # the bubble, m / (m + pp - 1) busy for m micro-batches; generation's stages while a
-    # micro-batch's tokens travel back (estimator._decode_round).
+    # micro-batch's tokens travel back (estimate_generate.decode_round).
     # Where devices share cores (CPU), the simulator counts a call's busy ranks by it.
     active: float = 1.0
 

@@ -196,13 +196,14 @@ def test_an_moe_prefill_stays_eager_under_gen_compile():
     prefill_layer): the estimator prices exactly that."""
     from meshrl.layout.mesh import Layout
     from meshrl.model.presets import get_preset
-    from meshrl.plan.estimator import NO_LINKS, _Ctx
+    from meshrl.plan.estimate_steps import Ctx
+    from meshrl.plan.estimator import NO_LINKS
     from meshrl.plan.model_costs import model_costs
 
     hw = cpu_hardware({"fwd": 0.8, "fwd_bwd": 0.7, "decode": 0.5})
     moe, dense = (model_costs(get_preset(p)) for p in ("qwen3-30b-a3b", "tiny"))
     assert moe.cfg.num_experts and not dense.cfg.num_experts
-    on = {m: _Ctx(m, hw, Layout(), NO_LINKS, gen_compiled=True) for m in (moe, dense)}
+    on = {m: Ctx(m, hw, Layout(), NO_LINKS, gen_compiled=True) for m in (moe, dense)}
     assert (on[moe].speed("prefill"), on[moe].speed("decode")) == (1.0, 0.5)
     assert (on[dense].speed("prefill"), on[dense].speed("decode")) == (0.8, 0.5)
 
