@@ -3,8 +3,9 @@ meshrl,vllm``): greedy generation tokens/s per batch size and dtype after a warm
 share of rows whose greedy completions are equal, and optionally one GRPO iteration per backend.
 
 Both engines get the same token ids, the same GenerationConfig and the same weights (meshrl's model,
-loaded into vLLM through meshrl's weight sync); runs alternate meshrl/vLLM so that noise from other
-processes hits both alike; medians of wall time. A preset model decodes all ``--new-tokens`` (no
+loaded into vLLM through meshrl's weight sync); each runs in a process of its own (``--worker``),
+processes alternating meshrl/vLLM so that noise from other processes hits both alike; medians of wall
+time. A preset model decodes all ``--new-tokens`` (no
 EOS), a checkpoint directory with a chat template (SmolLM2) stops at its end of turn, on its
 held-out prompts (examples/smollm2/data/eval.jsonl) cycled to the batch size.
 """
@@ -60,36 +61,68 @@ def _rows(out) -> list[list[int]]:
     return [out.responses[i, :int(out.response_mask[i].sum())].tolist() for i in range(out.responses.shape[0])]
 
 
-def compare(model_arg: str, batches: list[int], dtypes: list[str], new_tokens: int, repeats: int,
-            prompt_lens: tuple[int, int]) -> None:
-    from meshrl.gen.vllm_engine import VllmGenerator
+def _engine(backend: str, model, dtype):
+    """(generate(prompts, cfg) -> GenerationOutput, close()) of one backend on ``model``'s weights."""
     from meshrl.model import generate
 
+    if backend == "meshrl":
+        return partial(generate, model), lambda: None
+    from meshrl.gen.vllm_engine import VllmGenerator
+
+    engine = VllmGenerator(model.config, dtype, 0, model.config.max_position_embeddings)
+    engine.load_weights(model.state_dict().items())  # meshrl's weight sync
+    return engine.generate, engine.close
+
+
+def worker(backend: str, model_arg: str, batch: int, dtype_name: str, new_tokens: int, repeats: int,
+           prompt_lens: tuple[int, int]) -> dict:
+    """One backend in this process: a warm-up call, then ``repeats`` timed ones ->
+    {"tok_s": [per run], "rows": greedy completions}."""
+    dtype = getattr(torch, dtype_name)
+    model, prompts, cfg = _workload(model_arg, batch, new_tokens, prompt_lens, dtype)
+    gen, close = _engine(backend, model, dtype)
+    with torch.no_grad():
+        rows = _rows(gen(prompts, cfg))  # warm-up
+        tok_s = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = gen(prompts, cfg)
+            tok_s.append(int(out.response_mask.sum()) / (time.perf_counter() - t0))
+    close()
+    return {"tok_s": tok_s, "rows": rows}
+
+
+def _spawn(backend: str, model_arg: str, batch: int, dtype_name: str, new_tokens: int, repeats: int,
+           prompt_lens: tuple[int, int], threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--worker", backend, "--model", model_arg, "--batch", str(batch),
+           "--dtype", dtype_name, "--new-tokens", str(new_tokens), "--repeats", str(repeats),
+           "--prompt-len", ",".join(map(str, prompt_lens)), "--threads", str(threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{backend} worker failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(model_arg: str, batches: list[int], dtypes: list[str], new_tokens: int, repeats: int,
+            prompt_lens: tuple[int, int], threads: int = 0, rounds: int = 2) -> None:
+    """Per dtype and batch, each backend in its own process (an engine binds its process's threads:
+    vLLM's CPU build pins them, which slows the other engine of the same process), ``rounds``
+    processes each in alternating order, ``repeats`` timed calls in each; medians over all calls."""
     for dtype_name in dtypes:
-        dtype = getattr(torch, dtype_name)
-        engine = None
         for batch in batches:
-            model, prompts, cfg = _workload(model_arg, batch, new_tokens, prompt_lens, dtype)
-            if engine is None:  # one engine per dtype, its weights synced from meshrl's model
-                engine = VllmGenerator(model.config, dtype, 0, model.config.max_position_embeddings)
-                engine.load_weights(model.state_dict().items())
-            with torch.no_grad():
-                ours, theirs = _rows(generate(model, prompts, cfg)), _rows(engine.generate(prompts, cfg))  # warm-up
-            same = sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(prompts)
-            runs: dict[str, list[tuple[float, int]]] = {"meshrl": [], "vllm": []}
-            for _ in range(repeats):
-                for name, fn in (("meshrl", partial(generate, model, prompts, cfg)),
-                                 ("vllm", partial(engine.generate, prompts, cfg))):
-                    t0 = time.perf_counter()
-                    with torch.no_grad():
-                        out = fn()
-                    runs[name].append((time.perf_counter() - t0, int(out.response_mask.sum())))
-            tok_s = {n: statistics.median(tokens / s for s, tokens in r) for n, r in runs.items()}
+            runs: dict[str, list[float]] = {"meshrl": [], "vllm": []}
+            rows: dict[str, list] = {}
+            for r in range(rounds):
+                for backend in ("meshrl", "vllm") if r % 2 == 0 else ("vllm", "meshrl"):
+                    got = _spawn(backend, model_arg, batch, dtype_name, new_tokens, repeats, prompt_lens, threads)
+                    runs[backend] += got["tok_s"]
+                    rows[backend] = got["rows"]
+            tok_s = {n: statistics.median(r) for n, r in runs.items()}
+            same = sum(a == b for a, b in zip(rows["meshrl"], rows["vllm"], strict=True)) / batch
             print(f"{model_arg} {dtype_name} batch {batch:3d}, {new_tokens} new tokens greedy: meshrl "
                   f"{tok_s['meshrl']:8.1f} tok/s, vLLM {tok_s['vllm']:8.1f} tok/s, meshrl/vLLM "
-                  f"{tok_s['meshrl'] / tok_s['vllm']:.2f}x; greedy completions equal {same:.0%}", flush=True)
-        if engine is not None:
-            engine.close()
+                  f"{tok_s['meshrl'] / tok_s['vllm']:.2f}x; greedy completions equal {same:.0%} "
+                  f"(one engine a process, {rounds} processes x {repeats} calls each)", flush=True)
 
 
 def grpo_iteration(config: str, backends: list[str], overrides: list[str]) -> None:
@@ -105,3 +138,27 @@ def grpo_iteration(config: str, backends: list[str], overrides: list[str]) -> No
               f"actor_gen {rec.get('time/call/actor_gen', 0.0):.2f} s; weight sync {rec['time/weight_sync']:.3f} s, "
               f"{rec['weight_sync/bytes'] / 2**20:.1f} MiB; rollout/logp_diff_max {rec['rollout/logp_diff_max']:.2e}",
               flush=True)
+
+
+def _worker_main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="one backend's side of compare(), in its own process")
+    ap.add_argument("--worker", choices=("meshrl", "vllm"), required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--dtype", required=True)
+    ap.add_argument("--new-tokens", type=int, required=True)
+    ap.add_argument("--repeats", type=int, required=True)
+    ap.add_argument("--prompt-len", required=True)
+    ap.add_argument("--threads", type=int, default=0)
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    got = worker(a.worker, a.model, a.batch, a.dtype, a.new_tokens, a.repeats, tuple(map(int, a.prompt_len.split(","))))
+    print(json.dumps(got), flush=True)
+
+
+if __name__ == "__main__":  # vLLM's engine process needs the guard
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    _worker_main()

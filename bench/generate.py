@@ -130,10 +130,8 @@ def main() -> None:
     if args.backend:
         from backends import compare, grpo_iteration
 
-        if args.threads:
-            torch.set_num_threads(args.threads)
         compare(args.model or args.preset, [int(b) for b in args.batch.split(",")], args.dtype.split(","),
-                args.new_tokens, args.repeats, tuple(map(int, args.prompt_len.split(","))))
+                args.new_tokens, args.repeats, tuple(map(int, args.prompt_len.split(","))), args.threads)
         if args.grpo:
             grpo_iteration(args.grpo, args.backend.split(","), [])
         return
