@@ -71,7 +71,14 @@ def _engine(backend: str, model, dtype):
 
     engine = VllmGenerator(model.config, dtype, 0, model.config.max_position_embeddings)
     engine.load_weights(model.state_dict().items())  # meshrl's weight sync
-    return engine.generate, engine.close
+
+    def fresh(prompts, cfg):
+        # a run's prompts are new each iteration and every weight sync empties vLLM's prefix cache:
+        # without this, each timed call would reuse the KV of the warm-up's identical prompts
+        engine.llm.reset_prefix_cache()
+        return engine.generate(prompts, cfg)
+
+    return fresh, engine.close
 
 
 def worker(backend: str, model_arg: str, batch: int, dtype_name: str, new_tokens: int, repeats: int,

@@ -51,7 +51,14 @@ def engine_for(args: argparse.Namespace, model):
     gen = VllmGenerator(model.config, next(model.parameters()).dtype, args.seed,
                         model.config.max_position_embeddings)
     gen.load_weights(model.state_dict().items())
-    return lambda prompts, cfg, seeds: gen.generate(prompts, cfg, seeds)
+
+    def fresh(prompts, cfg, seeds):
+        # as in a run, where every weight sync empties vLLM's prefix cache: without this the timed
+        # pass would reuse the KV of the warm-up's identical prompts (rows of one call still share it)
+        gen.llm.reset_prefix_cache()
+        return gen.generate(prompts, cfg, seeds)
+
+    return fresh
 
 
 def _cuda() -> bool:
