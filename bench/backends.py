@@ -61,24 +61,15 @@ def _rows(out) -> list[list[int]]:
     return [out.responses[i, :int(out.response_mask[i].sum())].tolist() for i in range(out.responses.shape[0])]
 
 
-def _engine(backend: str, model, dtype):
+def _engine(backend: str, model):
     """(generate(prompts, cfg) -> GenerationOutput, close()) of one backend on ``model``'s weights."""
     from meshrl.model import generate
 
     if backend == "meshrl":
         return partial(generate, model), lambda: None
-    from meshrl.gen.vllm_engine import VllmGenerator
+    from meshrl.commands.bench_generate import vllm_bench_engine
 
-    engine = VllmGenerator(model.config, dtype, 0, model.config.max_position_embeddings)
-    engine.load_weights(model.state_dict().items())  # meshrl's weight sync
-
-    def fresh(prompts, cfg):
-        # a run's prompts are new each iteration and every weight sync empties vLLM's prefix cache:
-        # without this, each timed call would reuse the KV of the warm-up's identical prompts
-        engine.llm.reset_prefix_cache()
-        return engine.generate(prompts, cfg)
-
-    return fresh, engine.close
+    return vllm_bench_engine(model, 0)
 
 
 def worker(backend: str, model_arg: str, batch: int, dtype_name: str, new_tokens: int, repeats: int,
@@ -87,7 +78,7 @@ def worker(backend: str, model_arg: str, batch: int, dtype_name: str, new_tokens
     {"tok_s": [per run], "rows": greedy completions}."""
     dtype = getattr(torch, dtype_name)
     model, prompts, cfg = _workload(model_arg, batch, new_tokens, prompt_lens, dtype)
-    gen, close = _engine(backend, model, dtype)
+    gen, close = _engine(backend, model)
     with torch.no_grad():
         rows = _rows(gen(prompts, cfg))  # warm-up
         tok_s = []

@@ -45,20 +45,26 @@ def engine_for(args: argparse.Namespace, model):
     if args.backend == "meshrl":
         return meshrl_engine(model.eval())
     from ..gen.checks import check_backend  # lazy: --help and `meshrl plan` load no torch
-    from ..gen.vllm_engine import VllmGenerator  # lazy: --help and `meshrl plan` load no torch
 
     check_backend("vllm", "bench generate", 1, 1, "cpu" if not _cuda() else "cuda", model.config)
-    gen = VllmGenerator(model.config, next(model.parameters()).dtype, args.seed,
-                        model.config.max_position_embeddings)
+    return vllm_bench_engine(model, args.seed)[0]
+
+
+def vllm_bench_engine(model, seed: int):
+    """(generate(prompts, cfg, seeds=None) -> GenerationOutput, close()) of a vLLM engine on
+    ``model``'s weights (loaded through meshrl's weight sync) that empties its prefix cache before
+    every call, as every weight sync does in a run: a benchmark's timed pass would otherwise reuse
+    the KV of its warm-up's identical prompts (rows of one call still share it)."""
+    from ..gen.vllm_engine import VllmGenerator  # lazy: --help and `meshrl plan` load no torch
+
+    gen = VllmGenerator(model.config, next(model.parameters()).dtype, seed, model.config.max_position_embeddings)
     gen.load_weights(model.state_dict().items())
 
-    def fresh(prompts, cfg, seeds):
-        # as in a run, where every weight sync empties vLLM's prefix cache: without this the timed
-        # pass would reuse the KV of the warm-up's identical prompts (rows of one call still share it)
+    def fresh(prompts, cfg, seeds=None):
         gen.llm.reset_prefix_cache()
         return gen.generate(prompts, cfg, seeds)
 
-    return fresh
+    return fresh, gen.close
 
 
 def _cuda() -> bool:
