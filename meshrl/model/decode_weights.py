@@ -21,11 +21,12 @@ from . import worst_case
 from .batch_layout import KVCache
 
 
-def make_caches(model, batch: int, max_len: int, pack: bool = True) -> list[KVCache]:
+def make_caches(model, batch: int, max_len: int, pack: bool = True, rows: int | None = None) -> list[KVCache]:
     """One static cache per local layer, sized for the heads this module actually holds, carrying
     the layer's fused projections where they pay (``fused_weights``) or, with ``pack`` (eager
     decoding), its projections and the LM head ordered for oneDNN where that applies
-    (``pack_projections``)."""
+    (``pack_projections``). ``rows``: the batch the decode steps run at, when the prefill runs
+    fewer (each distinct prompt once; None: ``batch``), the packed matmuls' row hint."""
     layers = model.model.layers
     attn = layers[0].self_attn
     w = attn.k_proj.weight
@@ -33,10 +34,10 @@ def make_caches(model, batch: int, max_len: int, pack: bool = True) -> list[KVCa
     caches = [KVCache(batch, kv_heads, max_len, attn.head_dim, w.dtype, w.device) for _ in layers]
     if pack and pack_projections(w):
         for layer, c in zip(layers, caches, strict=True):
-            c.packed = PackedLayer.of(layer, batch)
+            c.packed = PackedLayer.of(layer, rows or batch)
         head = lm_head_of(model)
         if head is not None and caches:
-            caches[-1].head = Packed(head.weight, head.bias, batch)
+            caches[-1].head = Packed(head.weight, head.bias, rows or batch)
     elif fuse_projections(w):
         for layer, c in zip(layers, caches, strict=True):
             c.qkv, c.gate_up = fused_weights(layer)

@@ -39,7 +39,7 @@ from . import worst_case
 from .transformer import CausalLM
 from .numerics import wide
 
-__all__ = ["GenerationConfig", "GenerationOutput", "generate", "sequence_logprobs", "filter_logits"]
+__all__ = ["GenerationConfig", "GenerationOutput", "generate", "sequence_logprobs", "filter_logits", "PromptBatch"]
 
 
 @dataclass
@@ -109,8 +109,72 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device
     return ids.to(device), mask.to(device)
 
 
+def distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], list[int] | None]:
+    """(each distinct prompt once, in first-seen order; for each row, its prompt's index among them),
+    or (prompts, None) when no two rows share a prompt. GRPO-style groups sample n responses to one
+    prompt: the prompt's forward pass is the same for all n, so the prefill runs it once and the
+    caches' row is repeated (``decode_loop``'s ``repeat``) -- vLLM's prefix caching does this for a
+    whole shared prompt too. Not under a dry run, whose worst case prefills every row."""
+    index: dict[tuple[int, ...], int] = {}
+    repeat = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    if len(index) == len(prompts) or worst_case.active():
+        return prompts, None
+    return [list(p) for p in index], repeat
+
+
+# The shortest prefix worth a pass of its own: shorter ones (the demo's "7+5=" prompts share a byte
+# or two) save less than the extra pass costs.
+SHARED_PREFIX_MIN = 16
+
+
+def shared_prefix(prompts: list[list[int]], sliding_window: int | None = None) -> int:
+    """Tokens that every prompt starts with (a chat template's system prompt), leaving each at least
+    one of its own; 0 below SHARED_PREFIX_MIN, for fewer than two prompts, under a dry run (its
+    worst case prefills every token of every row), and for a sliding-window model (whose mask counts
+    slots: the pads that ``PromptBatch`` puts after the prefix would take places in the window)."""
+    if len(prompts) < 2 or sliding_window is not None or worst_case.active():
+        return 0
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        n = next((i for i in range(n) if p[i] != first[i]), n)
+    return n if n >= SHARED_PREFIX_MIN else 0
+
+
+@dataclass
+class PromptBatch:
+    """A batch's prompts as its prefill runs them. ids, mask [u, P] (1 = real token) hold each distinct
+    prompt once (``repeat``: the row of each of the batch's rows, None: a row each, as given). Their
+    first ``shared`` slots hold the prefix all of them share, the rest each prompt's remainder,
+    left-padded: the prefix is prefilled once, for one row, whose caches then serve every row, and
+    the remainders after it (vLLM's prefix caching does as much). Positions count real tokens only,
+    so the pads between prefix and remainder change no row's positions; the last prompt token of
+    every row sits in slot P-1, as with plain left padding, and P is the longest prompt's length."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    shared: int = 0
+    repeat: list[int] | None = None
+
+    @classmethod
+    def of(cls, prompts: list[list[int]], pad_id: int, device: torch.device, share: bool = True,
+           sliding_window: int | None = None) -> "PromptBatch":
+        """``share``: prefill a repeated prompt and a shared prefix once (False: every row in full)."""
+        distinct, repeat = distinct_prompts(prompts) if share else (prompts, None)
+        n = shared_prefix(distinct, sliding_window) if share else 0
+        ids, mask = left_pad([p[n:] for p in distinct] if n else distinct, pad_id, device)
+        if n:
+            head = torch.tensor(distinct[0][:n], dtype=torch.long, device=device).expand(len(distinct), n)
+            ids, mask = torch.cat([head, ids], 1), torch.cat([torch.ones_like(head), mask], 1)
+        return cls(ids, mask, n, repeat)
+
+    @property
+    def cache_rows(self) -> int:
+        """Rows the caches start with: one for a shared prefix, else a row per distinct prompt."""
+        return 1 if self.shared else self.ids.shape[0]
+
+
 def compact_caches(caches: list[KVCache], keep: torch.Tensor) -> None:
-    """Keep rows ``keep`` [b'] (long) of every cache."""
+    """Keep rows ``keep`` [b'] (long) of every cache (an index may repeat: ``decode_loop``'s ``repeat``)."""
     for c in caches:
         c.k, c.v = c.k.index_select(0, keep), c.v.index_select(0, keep)
 
@@ -199,12 +263,12 @@ def seed_keys(seeds: list[int] | None, n: int, device: torch.device) -> torch.Te
 
 
 # ---- the loop ----------------------------------------------------------------------------------
-# prefill(ids [B, P], mask [B, P]) and decode(tok [b], mask [b, P+N], slot 0-dim tensor) return
+# prefill(ids [B, s], mask [B, start+s], start) (int start: the slot of ids' first token) and decode(tok [b], mask [b, P+N], slot 0-dim tensor) return
 # the next-token float32 logits [b, V] (None on ranks that hold none). pick(logits, rows [b], step
 # 0-dim tensor), rows being the original index of each row still in the batch, returns (tokens [b]
 # long, log-probs [b] float32), the same on every rank that calls it. compact(keep [b'] long) drops
 # the other rows from the caller's caches.
-Prefill = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
+Prefill = Callable[[torch.Tensor, torch.Tensor, int], "torch.Tensor | None"]
 Decode = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 Pick = Callable[["torch.Tensor | None", torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 # decode_pick(tok [b], mask, slot, rows [b], step) -> pick's (tokens, log-probs) after decoding tok
@@ -255,8 +319,26 @@ class _Record:
         self.first, self.steps = cols.stop, []
 
 
+def prefill_prompts(prefill: Prefill, compact: Callable[[torch.Tensor], None], batch: PromptBatch
+                    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Fill the caches with ``batch``'s prompts: the shared prefix for one row, then (its caches
+    repeated for every distinct prompt) the remainders after it; then a row per row of the batch.
+    -> (the last position's logits [B, V] or None, prompt mask [B, P])."""
+    n, u = batch.shared, batch.ids.shape[0]
+    if n:
+        prefill(batch.ids[:1, :n], batch.mask[:1, :n], 0)  # its logits are never used
+        compact(torch.zeros(u, dtype=torch.long, device=batch.ids.device))
+    logits, mask = prefill(batch.ids[:, n:], batch.mask, n), batch.mask
+    if batch.repeat is not None:
+        rep = torch.tensor(batch.repeat, dtype=torch.long, device=batch.ids.device)
+        compact(rep)
+        logits = None if logits is None else logits.index_select(0, rep)
+        mask = mask.index_select(0, rep)
+    return logits, mask
+
+
 def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[[torch.Tensor], None],
-                ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig, static: bool = False,
+                prompts: PromptBatch, cfg: GenerationConfig, static: bool = False,
                 decode_pick: DecodePick | None = None) -> GenerationOutput:
     """The decoding loop every generator shares (one process here, a pipeline in
     meshrl/parallel/generate.py): prefill, then pick a token and decode it, until EOS or the budget.
@@ -266,17 +348,20 @@ def decode_loop(prefill: Prefill, decode: Decode, pick: Pick, compact: Callable[
     only the filled cache (fewer keys, and the very numbers of an unpadded forward).
     ``decode_pick``: decode and pick in one call (one compiled graph: one guard check and one call
     a token instead of two), used for the decode steps instead of ``decode`` then ``pick``.
+    The prefill fills the caches as ``prompts`` says (``prefill_prompts``); the output has a row per
+    row of the batch.
     Host syncs: one every ``cfg.sync_every`` steps (all ended? compact?) and one at the end.
     A finished row keeps decoding its own (ignored) tokens until it is compacted away: rows do not
     interact, so what it feeds itself changes no other row."""
-    b, p = ids.shape
-    n, dev = cfg.max_new_tokens, ids.device
+    n, dev = cfg.max_new_tokens, prompts.ids.device
+    logits, prompt_mask = prefill_prompts(prefill, compact, prompts)
+    b, p = prompt_mask.shape
     mask, out_tok, out_lp, out_alive, slot, every = loop_buffers(prompt_mask, cfg, static)
     rows = torch.arange(b, device=dev)  # original index of each row still in the batch
     alive = torch.ones(b, dtype=torch.bool, device=dev)
     slots = slot + torch.arange(n, device=dev)  # the decode step's cache slot, a 0-dim tensor each
     steps = torch.arange(n, device=dev) + cfg.first_step  # the sampling noise's step, 0-dim each (no retrace)
-    tok, lp = pick(prefill(ids, prompt_mask), rows, steps[0])
+    tok, lp = pick(logits, rows, steps[0])
     out_lp = out_lp.to(lp.dtype)  # float32, or float64 for a float64 model
     record = _Record(out_tok, out_lp, out_alive, cfg.pad_token_id)
     for step in worst_case.decode_steps(n):
@@ -314,20 +399,22 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     cfg.validate()
     device = model.lm_head.weight.device
     keys = None if cfg.greedy else seed_keys(seeds, len(prompts), device)
-    ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, device)
-    caches = make_caches(model, len(prompts), cache_length(ids.shape[1] + cfg.max_new_tokens, cfg.use_compile),
-                         pack=not cfg.use_compile)
+    batch = PromptBatch.of(prompts, cfg.pad_token_id, device, sliding_window=model.config.sliding_window)
+    caches = make_caches(model, batch.cache_rows, cache_length(batch.ids.shape[1] + cfg.max_new_tokens,
+                                                               cfg.use_compile),
+                         pack=not cfg.use_compile, rows=len(prompts))
     both = compiled("decode_and_pick", decode_and_pick, model) if cfg.use_compile else None
 
-    def prefill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def prefill(x: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
         # Only the last position goes through the LM head (the others' logits are never used).
-        h = model.model(x, mask, caches, 0, layer_fn=prefill_layer if cfg.use_compile else None, last_only=True)
+        h = model.model(x, mask, caches, start, layer_fn=prefill_layer if cfg.use_compile else None,
+                        last_only=True)
         return wide(head_call(model, caches)(h[:, -1]))
 
     return decode_loop(prefill, lambda tok, mask, slot: decode_one(model, tok, mask, caches, slot),
                        lambda logits, rows, step: pick_token(logits, None if keys is None else keys[rows], step,
                                                              cfg.temperature, cfg.top_k, cfg.top_p),
-                       lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg, static=cfg.use_compile,
+                       lambda keep: compact_caches(caches, keep), batch, cfg, static=cfg.use_compile,
                        decode_pick=None if both is None else bind_decode_pick(both, model, caches, keys, cfg))
 
 

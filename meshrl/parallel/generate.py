@@ -22,7 +22,7 @@ from ..errors import UserError
 from ..model.compiled_layers import prefill_layer
 from ..model.decode_weights import head_call, make_caches
 from ..model.generation import (GenerationConfig, GenerationOutput, bind_decode_pick, compact_caches, compiled,
-                                decode_and_pick, decode_loop, cache_length, left_pad, pick_token, seed_keys)
+                                decode_and_pick, decode_loop, cache_length, PromptBatch, pick_token, seed_keys)
 from .generate_micro import micro_decode
 from .groups import Axis
 from .pipeline import Pipe
@@ -73,19 +73,22 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
                         "to the data, so every rank and every layout draws the same tokens)")
     dev = stage.device
     keys = None if cfg.greedy else seed_keys(seeds, len(prompts), dev)
-    ids, prompt_mask = left_pad(prompts, cfg.pad_token_id, dev)
+    micro = pipe.axis.size > 1 and m > 1 and len(prompts) > 1
+    # a repeated prompt or shared prefix prefilled once, but not across micro-batches (caches of their own)
+    batch = PromptBatch.of(prompts, cfg.pad_token_id, dev, share=not micro,
+                           sliding_window=stage.model.cfg.sliding_window)
     # The stage's layers are compiled where they hold no collective (tp = 1); sends, receives and
     # tensor-parallel all-reduces stay eager.
     static = cfg.use_compile and tp.size == 1
     fwd = compiled("stage_forward", _stage_forward, stage) if static else _stage_forward
     pre = functools.partial(_stage_prefill, compiled=static)
-    cache_len = cache_length(ids.shape[1] + cfg.max_new_tokens, static)
-    if pipe.axis.size > 1 and m > 1 and len(prompts) > 1:
+    cache_len = cache_length(batch.ids.shape[1] + cfg.max_new_tokens, static)
+    if micro:
         return micro_decode(pipe, lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, pre),
                             lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, fwd),
-                            lambda b: make_caches(stage, b, cache_len, pack=not static), ids, prompt_mask, keys, cfg,
-                            m, static, wide_dtype(stage.dtype))
-    caches = make_caches(stage, len(prompts), cache_len, pack=not static)
+                            lambda b: make_caches(stage, b, cache_len, pack=not static), batch.ids, batch.mask, keys,
+                            cfg, m, static, wide_dtype(stage.dtype))
+    caches = make_caches(stage, batch.cache_rows, cache_len, pack=not static, rows=len(prompts))
 
     def pick(logits: torch.Tensor | None, rows: torch.Tensor, step: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,9 +107,9 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     # model.generate, so the stage path pays no eager head, pick and float64 packing a step
     # (docs/model.md "The compiled decode step picks its token").
     both = compiled("decode_and_pick", decode_and_pick, stage) if static and pipe.axis.size == 1 else None
-    out = decode_loop(lambda x, mask: _step(stage, pipe, tp, x, mask, caches, 0, pre),
+    out = decode_loop(lambda x, mask, start: _step(stage, pipe, tp, x, mask, caches, start, pre),
                       lambda tok, mask, slot: _step(stage, pipe, tp, tok[:, None], mask, caches, slot, fwd),
-                      pick, lambda keep: compact_caches(caches, keep), ids, prompt_mask, cfg, static=static,
+                      pick, lambda keep: compact_caches(caches, keep), batch, cfg, static=static,
                       decode_pick=None if both is None else bind_decode_pick(both, stage, caches, keys, cfg))
     pipe.wait_sends()
     return out

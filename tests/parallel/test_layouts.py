@@ -215,3 +215,46 @@ def test_micro_batched_generation_equals_one_process(pool):
         assert r["tokens_equal"], r
         assert r["lp_diff"] <= 1e-4, r
         assert all(len(lens) >= 2 for lens in r["lengths"]), r  # rows really end at different steps
+
+
+# A shared prefix and repeated prompts (meshrl/model/generation.py PromptBatch), prefilled once, through
+# tensor-parallel and pipelined stages (micro_batches=1: the plain loop, where sharing applies):
+# the tokens of one process prefilling every row in full.
+SHARED_JOBS = ["dp1tp2pp1@0-1", "dp1tp1pp2@2-3", "dp1tp2pp2@4-7"]
+
+
+def _shared_generate(layouts: list[str]) -> dict | None:
+    import torch
+    import torch.distributed as dist
+
+    from meshrl.layout.mesh import Placement
+    from meshrl.model import generation
+    from meshrl.model.checkpoint import build_model
+    from meshrl.model.generation import SHARED_PREFIX_MIN, GenerationConfig, generate
+    from meshrl.parallel.groups import GroupCache
+    from meshrl.parallel.model import ParallelModel
+
+    model = build_model("tiny", seed=11)
+    cache = GroupCache()
+    pms = [ParallelModel.from_state(model.config, Placement.parse(t), cache, model.state_dict()) for t in layouts]
+    mine = [pm for pm in pms if pm is not None]
+    if not mine:
+        return None
+    system = list(range(40, 40 + SHARED_PREFIX_MIN + 3))
+    prompts = [system + [60 + i] * (1 + i % 3) for i in range(4)] * 2
+    seeds = [300 + i for i in range(len(prompts))]
+    cfg = GenerationConfig(max_new_tokens=8, temperature=0.8, top_k=40, pad_token_id=256)
+    real = generation.PromptBatch.of
+    generation.PromptBatch.of = lambda *a, **k: real(*a, **{**k, "share": False})
+    want = generate(model, prompts, cfg, seeds)
+    generation.PromptBatch.of = real
+    got = mine[0].generate(prompts, cfg, seeds, micro_batches=1)
+    return {"rank": dist.get_rank(), "tokens_equal": bool(torch.equal(got.responses, want.responses)),
+            "lp_diff": float((got.response_logprobs - want.response_logprobs).abs().max())}
+
+
+def test_shared_prompts_generate_under_layouts_as_one_process_in_full(pool):
+    got = [r for r in pool.run(_shared_generate, SHARED_JOBS) if r is not None]
+    assert len(got) == 8
+    for r in got:
+        assert r["tokens_equal"] and r["lp_diff"] <= 1e-5, r
