@@ -263,11 +263,12 @@ def seed_keys(seeds: list[int] | None, n: int, device: torch.device) -> torch.Te
 
 
 # ---- the loop ----------------------------------------------------------------------------------
-# prefill(ids [B, s], mask [B, start+s], start) (int start: the slot of ids' first token) and decode(tok [b], mask [b, P+N], slot 0-dim tensor) return
-# the next-token float32 logits [b, V] (None on ranks that hold none). pick(logits, rows [b], step
-# 0-dim tensor), rows being the original index of each row still in the batch, returns (tokens [b]
-# long, log-probs [b] float32), the same on every rank that calls it. compact(keep [b'] long) drops
-# the other rows from the caller's caches.
+# prefill(ids [B, s], mask [B, start+s], start) (int start: the slot of ids' first token) and
+# decode(tok [b], mask [b, P+N], slot 0-dim tensor) return the next-token float32 logits [b, V]
+# (None on ranks that hold none). pick(logits, rows [b], step 0-dim tensor), rows being the original
+# index of each row still in the batch, returns (tokens [b] long, log-probs [b] float32), the same on
+# every rank that calls it. compact(keep [b'] long) keeps those rows of the caller's caches (an index
+# may repeat).
 Prefill = Callable[[torch.Tensor, torch.Tensor, int], "torch.Tensor | None"]
 Decode = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 Pick = Callable[["torch.Tensor | None", torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]

@@ -85,7 +85,7 @@ def test_a_shared_prefix_decodes_the_tokens_of_a_full_prefill(monkeypatch):
     for cfg in (GenerationConfig(max_new_tokens=8, greedy=True, pad_token_id=0),
                 GenerationConfig(max_new_tokens=8, temperature=0.9, top_k=40, eos_token_id=3, pad_token_id=0)):
         shared = generate(model, CHAT, cfg, seeds)
-        full = _in_full(monkeypatch, lambda: generate(model, CHAT, cfg, seeds))
+        full = _in_full(monkeypatch, lambda cfg=cfg: generate(model, CHAT, cfg, seeds))
         assert torch.equal(shared.responses, full.responses) and torch.equal(shared.response_mask, full.response_mask)
         assert torch.allclose(shared.response_logprobs, full.response_logprobs, atol=1e-5)
         for i, prompt in enumerate(CHAT):  # the oracle: a fresh forward of [prompt | response]
