@@ -92,6 +92,15 @@ def gen_micro_batches(layout: Layout, m: int, rows: int) -> int:
     return 1 if layout.pp == 1 else max(1, min(m, rows))
 
 
+def prefill_rows(spec: CallSpec, shape: RunShape, rows: int, mb: int) -> int:
+    """Rows a replica's prefill computes: each distinct prompt once (model/generation.PromptBatch),
+    the n samples of a prompt being n consecutive rows of the batch (algo/iteration.py), when the
+    batch is one micro-batch; with micro-batches in flight, every row. A prefix shared by different
+    prompts (a system prompt) is the data's: not priced."""
+    n = spec.n_samples if spec.n_samples > 1 else shape.samples_per_prompt
+    return max(1, math.ceil(rows / n)) if mb == 1 and n > 1 else rows
+
+
 def generate(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     """As the runtime generates a replica's prompts (parallel/generate.py): with pp > 1 in
     ``gen_micro_batches`` micro-batches in flight (1: the stages in turn), prefills pipelined as
@@ -100,7 +109,7 @@ def generate(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     mb = gen_micro_batches(c.lay, m, b)
     bm = math.ceil(b / mb)
     acc: dict[str, float] = {}
-    step, parts = forward_step(c, bm, shape.prompt_len, shape.prompt_len, prefill=True)
+    step, parts = forward_step(c, prefill_rows(spec, shape, bm, mb), shape.prompt_len, shape.prompt_len, prefill=True)
     busy = mb * c.lay.pp * step
     if c.lay.pp == 1:
         t = step

@@ -165,3 +165,19 @@ def test_pipelined_decoding_keeps_its_stages_busy():
     assert pp4.time_s > pp.time_s
     turns = est("generate", Layout(1, 1, 2), m=1, shape=shape)  # the stages take turns
     assert turns.time_s > 1.3 * pp.time_s and turns.active < 0.51
+
+
+def test_a_prompts_samples_are_prefilled_once():
+    """GRPO's n samples of a prompt: the prefill computes each distinct prompt once
+    (model/generation.PromptBatch), the decode every row; with micro-batches in flight, every row."""
+    from meshrl.plan.estimate_generate import prefill_rows
+
+    spec = CallSpec("c", "actor", "generate", SEVEN)
+    grouped, single = RunShape(512, 16, 8, samples_per_prompt=4), RunShape(512, 16, 32)
+    assert prefill_rows(spec, grouped, 32, 1) == 8 and prefill_rows(spec, single, 32, 1) == 32
+    assert prefill_rows(spec, grouped, 16, 2) == 16
+    assert prefill_rows(spec, grouped, 3, 1) == 1
+    assert est("generate", shape=grouped).time_s < est("generate", shape=single).time_s
+    pp = Layout(pp=2)
+    in_flight = est("generate", pp, m=2, shape=grouped).time_s
+    assert in_flight == pytest.approx(est("generate", pp, m=2, shape=single).time_s)
