@@ -55,6 +55,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + _rotate_half(x) * sin
 
 
+WIDE_DTYPES = (torch.float32, torch.float64)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A CPU decode step's attention: q [B, Hkv, g, D] (the g query heads of each KV head), k, v
+    [B, Hkv, T, D], mask [B, 1, 1, T] boolean (True = attend) -> [B, Hkv, g, D].
+    Two batched matmuls and a softmax: for a step's one query a row, SDPA's CPU flash kernel (built
+    for long query blocks) costs about twice as much (docs/model.md "Decode attention"). Every
+    (row, head) is its own small matmul, so a row gets the same bits in any batch."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
+    return torch.matmul(scores.masked_fill_(mask.logical_not(), float("-inf")).softmax(-1), v)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -109,7 +122,9 @@ class Attention(nn.Module):
         # this without materialising repeated K/V (a full copy of the cache at every decode step,
         # a large share of a CPU decode step: docs/model.md "Generation").
         gqa = q.shape[1] != k.shape[1]
-        if gqa and q_len == 1 and mask is not None:
+        if q_len == 1 and mask is not None and worst_case.device_type(q) == "cpu" and q.dtype in WIDE_DTYPES:
+            out = decode_attention(q.reshape(b, k.shape[1], -1, self.head_dim), k, v, mask).reshape(b, 1, -1)
+        elif gqa and q_len == 1 and mask is not None:
             # A decode step: the g query heads of a KV head become g queries of one head, so the
             # kernel loops over B x Hkv heads instead of B x Hq (fewer, larger calls of CPU flash
             # attention: docs/model.md "Decode attention"). out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
