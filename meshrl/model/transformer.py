@@ -125,9 +125,9 @@ class Attention(nn.Module):
         if q_len == 1 and mask is not None and worst_case.device_type(q) == "cpu" and q.dtype in WIDE_DTYPES:
             out = decode_attention(q.reshape(b, k.shape[1], -1, self.head_dim), k, v, mask).reshape(b, 1, -1)
         elif gqa and q_len == 1 and mask is not None:
-            # A decode step: the g query heads of a KV head become g queries of one head, so the
-            # kernel loops over B x Hkv heads instead of B x Hq (fewer, larger calls of CPU flash
-            # attention: docs/model.md "Decode attention"). out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
+            # A decode step elsewhere (a GPU, bf16): the g query heads of a KV head become g queries
+            # of one head, so the kernel loops over B x Hkv heads instead of B x Hq (fewer, larger
+            # calls: docs/model.md "Decode attention"). out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
             out = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], -1, self.head_dim), k, v, attn_mask=mask)
             out = out.reshape(b, 1, -1)
         else:
