@@ -122,14 +122,15 @@ class Attention(nn.Module):
         # this without materialising repeated K/V (a full copy of the cache at every decode step,
         # a large share of a CPU decode step: docs/model.md "Generation").
         gqa = q.shape[1] != k.shape[1]
-        if q_len == 1 and mask is not None and worst_case.device_type(q) == "cpu" and q.dtype in WIDE_DTYPES:
-            out = decode_attention(q.reshape(b, k.shape[1], -1, self.head_dim), k, v, mask).reshape(b, 1, -1)
-        elif gqa and q_len == 1 and mask is not None:
-            # A decode step elsewhere (a GPU, bf16): the g query heads of a KV head become g queries
-            # of one head, so the kernel loops over B x Hkv heads instead of B x Hq (fewer, larger
-            # calls: docs/model.md "Decode attention"). out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
-            out = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], -1, self.head_dim), k, v, attn_mask=mask)
-            out = out.reshape(b, 1, -1)
+        cpu_wide = worst_case.device_type(q) == "cpu" and q.dtype in WIDE_DTYPES
+        if q_len == 1 and mask is not None and (gqa or cpu_wide):
+            # A decode step: the g query heads of a KV head become g queries of one head, so the
+            # kernel loops over B x Hkv heads instead of B x Hq; on a CPU in float32 / float64 it is
+            # decode_attention, elsewhere SDPA (docs/model.md "Decode attention").
+            # out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
+            grouped = q.reshape(b, k.shape[1], -1, self.head_dim)
+            out = (decode_attention(grouped, k, v, mask) if cpu_wide
+                   else F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)).reshape(b, 1, -1)
         else:
             dtype = q.dtype
             if worst_case.device_type(q) == "cpu" and dtype in (torch.bfloat16, torch.float16):

@@ -22,7 +22,8 @@ from ..errors import UserError
 from ..model.compiled_layers import prefill_layer
 from ..model.decode_weights import head_call, make_caches
 from ..model.generation import (GenerationConfig, GenerationOutput, bind_decode_pick, compact_caches, compiled,
-                                decode_and_pick, decode_loop, cache_length, PromptBatch, pick_token, seed_keys)
+                                decode_and_pick, decode_loop, cache_length, pick_token, seed_keys)
+from ..model.prompt_batch import PromptBatch
 from .generate_micro import micro_decode
 from .groups import Axis
 from .pipeline import Pipe

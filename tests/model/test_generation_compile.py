@@ -94,7 +94,7 @@ def test_prefill_runs_compiled_and_fills_the_cache_as_eager(pair, monkeypatch):
     layer function (dynamic shapes), with the eager hidden states and cache contents."""
     import meshrl.model.compiled_layers as cl
     from meshrl.model.decode_weights import make_caches
-    from meshrl.model.generation import left_pad
+    from meshrl.model.prompt_batch import left_pad
 
     ours, _ = pair
     calls = []

@@ -10,7 +10,7 @@ import torch
 
 from meshrl.model import build_model
 from meshrl.model.decode_weights import make_caches
-from meshrl.model.generation import left_pad
+from meshrl.model.prompt_batch import left_pad
 
 
 def _batches(vocab: int) -> list[list[list[int]]]:

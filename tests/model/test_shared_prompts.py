@@ -12,8 +12,8 @@ import torch
 import meshrl.model.generation as generation
 from meshrl.model import worst_case
 from meshrl.model.checkpoint import build_model
-from meshrl.model.generation import (SHARED_PREFIX_MIN, GenerationConfig, PromptBatch, distinct_prompts, generate,
-                                     sequence_logprobs, shared_prefix)
+from meshrl.model.generation import GenerationConfig, generate, sequence_logprobs
+from meshrl.model.prompt_batch import SHARED_PREFIX_MIN, PromptBatch, distinct_prompts, shared_prefix
 
 PROMPTS = [[5, 6, 7], [8, 9], [5, 6, 7], [10, 11, 12, 13], [8, 9], [5, 6, 7], [14], [5, 6, 7]]
 SYSTEM = list(range(30, 30 + SHARED_PREFIX_MIN + 4))  # a system prompt every chat prompt starts with

@@ -230,7 +230,8 @@ def _shared_generate(layouts: list[str]) -> dict | None:
     from meshrl.layout.mesh import Placement
     from meshrl.model import generation
     from meshrl.model.checkpoint import build_model
-    from meshrl.model.generation import SHARED_PREFIX_MIN, GenerationConfig, generate
+    from meshrl.model.generation import GenerationConfig, generate
+    from meshrl.model.prompt_batch import SHARED_PREFIX_MIN
     from meshrl.parallel.groups import GroupCache
     from meshrl.parallel.model import ParallelModel
 
