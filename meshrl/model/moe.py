@@ -119,12 +119,15 @@ class SparseMoE(nn.Module):
     ``aux_weight`` > 0 (set by the trainer for a training forward) adds
     ``aux_weight * sum over rows of balance_loss_per_row`` to the loss being differentiated."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, experts: range | None = None) -> None:
+        """``experts``: the global ids of the experts to hold (a tensor-parallel stage's own), all
+        by default."""
         super().__init__()
         self.top_k, self.norm_topk = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.float_weights = cfg.model_type == "mixtral"  # Mixtral keeps the weights in float32
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
-        self.experts = ExpertList([Expert(cfg) for _ in range(cfg.num_experts)])
+        held = range(cfg.num_experts) if experts is None else experts
+        self.experts = ExpertList([Expert(cfg) for _ in held], first=held.start)
         self.aux_weight = 0.0
         self.num_moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
 

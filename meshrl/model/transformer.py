@@ -191,13 +191,14 @@ class DecoderLayer(nn.Module):
     family's checkpoints name it (Qwen3-MoE ``mlp``, Mixtral ``block_sparse_moe``); ``ffn`` is
     whichever it is."""
 
-    def __init__(self, cfg: ModelConfig, index: int) -> None:
+    def __init__(self, cfg: ModelConfig, index: int, experts: range | None = None) -> None:
+        """``experts``: SparseMoE's (the experts a MoE layer holds; all by default)."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.moe = cfg.is_moe_layer(index)
-        setattr(self, cfg.moe_prefix if self.moe else "mlp", SparseMoE(cfg) if self.moe else MLP(cfg))
+        setattr(self, cfg.moe_prefix if self.moe else "mlp", SparseMoE(cfg, experts) if self.moe else MLP(cfg))
         self.ffn_name = cfg.moe_prefix if self.moe else "mlp"
 
     @property
@@ -234,13 +235,15 @@ class Backbone(nn.Module):
     ``embed_tokens`` or ``norm`` may be None for a pipeline stage that does not own them; then
     the input (or output) is the hidden state [B, S, hidden]."""
 
-    def __init__(self, cfg: ModelConfig, layer_ids: range | None = None) -> None:
-        """``layer_ids``: the (global) layers to build, all by default (a pipeline stage: its own)."""
+    def __init__(self, cfg: ModelConfig, layer_ids: range | None = None, experts: range | None = None) -> None:
+        """``layer_ids``: the (global) layers to build, all by default (a pipeline stage: its own);
+        ``experts``: the (global) experts each MoE layer holds, all by default (a tensor-parallel
+        stage: its own, so that the others are never built)."""
         super().__init__()
         self.cfg = cfg
         self.embed_tokens: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         ids = range(cfg.num_hidden_layers) if layer_ids is None else layer_ids
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in ids)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, experts) for i in ids)
         self.norm: RMSNorm | None = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch._guards import detect_fake_mode
 
 from ..errors import UserError
 from ..layout.shardmap import Slice
@@ -55,6 +56,11 @@ class InitLoader:
             want = self.order.index(name)
             if want < self.pos:
                 self._restart()
+            if detect_fake_mode() is not None:
+                # Under a fake mode (the dry run) a draw has no values and leaves the generator where
+                # it was, so the catch-up draws before ``name`` would only cost time (a MoE preset
+                # has ~20k tensors a model): draw the one asked for.
+                self.pos = want
             while self.pos <= want:  # draw (and drop) the tensors before it: the stream must advance
                 n = self.order[self.pos]
                 t = init_tensor(n, self.shapes[n], self.gen)

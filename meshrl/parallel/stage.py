@@ -15,7 +15,6 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ..model.moe import ExpertList
 from ..model.transformer import Backbone
 from ..layout.shardmap import ShardMap, Slice
 from .groups import RankGroups
@@ -52,13 +51,16 @@ class Stage(nn.Module):
         self.value_head = sm.value_head
         self.vocab_start = tp_i * (cfg.vocab_size // lay.tp)
         self.groups = groups
+        # Experts are sharded over the tp group (whole experts, E/tp each: ShardMap's rule); only
+        # this rank's are built.
+        per = cfg.num_experts // lay.tp if cfg.num_experts else 0
+        self.expert_first = tp_i * per
         with torch.device("meta"):
-            self.model = Backbone(cfg, self.layers)
+            self.model = Backbone(cfg, self.layers, range(self.expert_first, self.expert_first + per))
             self.head: nn.Linear | None = None
             if self.last:
                 self.head = nn.Linear(cfg.hidden_size, 1 if sm.value_head else cfg.vocab_size, bias=False)
         self.model.embed_tokens = None
-        self.expert_first = self._keep_local_experts(cfg, lay.tp, tp_i)
         if not self.last:
             self.model.norm = None
         self.param_of: dict[str, nn.Parameter] = {}
@@ -68,16 +70,6 @@ class Stage(nn.Module):
         if missing:  # a ShardMap / module mismatch: fail loudly rather than compute on meta tensors
             raise RuntimeError(f"rank {groups.rank}: parameters {missing} were not given a shard")
         register_tp_hooks(self.model.layers, None if sm.value_head else self.head, groups.tp)
-
-    def _keep_local_experts(self, cfg, tp: int, tp_i: int) -> int:
-        """Experts are sharded over the tp group (whole experts, E/tp each; ShardMap's rule): keep
-        this rank's, drop the rest of the meta modules. Returns the global id of the first kept."""
-        per = cfg.num_experts // tp if cfg.num_experts else 0
-        for layer in self.model.layers:
-            if layer.moe:
-                experts = layer.ffn.experts
-                layer.ffn.experts = ExpertList(list(experts)[tp_i * per:(tp_i + 1) * per], first=tp_i * per)
-        return tp_i * per
 
     def _place(self, name: str, tensor: torch.Tensor) -> None:
         """Put the shard of HF parameter ``name`` where this stage's modules use it."""
