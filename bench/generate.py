@@ -3,10 +3,12 @@
 
     python bench/generate.py [--preset llama-3m|tiny|small] [--batch 1,8,32] [--new-tokens 32] [--repeats 5]
                              [--threads 1] [--dtype float32|bfloat16] [--no-compile] [--skip-train]
+    python bench/generate.py --model DIR [--batch 8,32] [--new-tokens 64]   (a chat model: SmolLM2's prompts)
     python bench/generate.py --backend meshrl,vllm [--model DIR | --preset llama-3m] [--batch 8,32,64]
                              [--dtype float32,bfloat16] [--new-tokens 64] [--grpo CONFIG.yaml]
 
-The second form compares meshrl's engine with vLLM instead of transformers (bench/backends.py).
+The second form generates from a chat checkpoint on both sides (its held-out prompts, rows stopping
+at its end of turn); the third compares meshrl's engine with vLLM instead of transformers (bench/backends.py).
 
 Both sides get the same checkpoint (saved by meshrl, read by transformers), the same left-padded
 prompts of different lengths, the same thread count; runs alternate ours/theirs so that noise from
@@ -65,10 +67,21 @@ def _alternate(ours, theirs, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in runs.items()}
 
 
-def bench_generate(ours, theirs, prompts, new_tokens: int, repeats: int, compile: bool = False) -> dict:
+def _completions(rows: torch.Tensor, eos: int | None) -> list[list[int]]:
+    """Each row's tokens up to and including its first ``eos`` (all of them without one)."""
+    out = []
+    for r in rows.tolist():
+        out.append(r[:r.index(eos) + 1] if eos is not None and eos in r else r)
+    return out
+
+
+def bench_generate(ours, theirs, prompts, new_tokens: int, repeats: int, compile: bool = False,
+                   eos: int | None = None, pad: int = 0) -> dict:
+    """Greedy tokens/s of both sides on ``prompts``; with ``eos``, rows stop there (both sides stop
+    when every row has) and tokens/s counts each row's tokens up to its EOS."""
     from meshrl.model import GenerationConfig, generate
 
-    cfg = GenerationConfig(max_new_tokens=new_tokens, greedy=True, eos_token_id=None, pad_token_id=0,
+    cfg = GenerationConfig(max_new_tokens=new_tokens, greedy=True, eos_token_id=eos, pad_token_id=pad,
                            compile=compile)
     ids, mask = _left_pad(prompts)
 
@@ -77,14 +90,52 @@ def bench_generate(ours, theirs, prompts, new_tokens: int, repeats: int, compile
 
     @torch.inference_mode()
     def run_theirs():
-        out = theirs.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        out = theirs.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                              pad_token_id=pad, eos_token_id=eos)
         return out[:, ids.shape[1]:]
 
-    same = run_ours().tolist() == run_theirs().tolist()  # also the warm-up (and the compile)
+    mine = _completions(run_ours(), eos)  # also the warm-ups (and the compile)
+    same = [a == b for a, b in zip(mine, _completions(run_theirs(), eos), strict=True)]
     run_ours()
     t = _alternate(run_ours, run_theirs, repeats)
-    n = len(prompts) * new_tokens
-    return {"same_tokens": same, **{f"{k}_tok_s": n / v for k, v in t.items()}}
+    n = sum(map(len, mine))
+    return {"same_tokens": all(same), "same_share": sum(same) / len(same), "tokens": n,
+            **{f"{k}_tok_s": n / v for k, v in t.items()}}
+
+
+def preset_models(preset: str, dtype):
+    """Both sides' models of a preset with random weights (spread: std 0.1), read by both from one
+    checkpoint directory so that their weights live in the same kind of memory; neither stops at EOS."""
+    import transformers
+    from bench_models import MODELS
+
+    from meshrl.model import load_pretrained
+    from meshrl.model.transformer import CausalLM
+
+    with tempfile.TemporaryDirectory() as d:
+        torch.manual_seed(0)
+        model = CausalLM(MODELS[preset])
+        with torch.no_grad():  # spread the logits (std 0.1) so greedy decoding is far from ties
+            for p in model.parameters():
+                p.normal_(0.0, 0.1) if p.dim() > 1 else p.fill_(1.0)
+        model.save_pretrained(d)
+        ours = load_pretrained(d).to(dtype).eval()
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
+    # All rows decode new_tokens tokens (a forced min_new_tokens would instead forbid EOS on
+    # transformers' side only, and its tokens would differ where EOS wins).
+    theirs.generation_config.eos_token_id = None
+    return ours, theirs
+
+
+def checkpoint_workload(path: str, batch: int, dtype):
+    """SmolLM2-like checkpoint directory: both sides' models, its chat-encoded held-out prompts
+    (bench/backends.py's), its end-of-turn id and pad id."""
+    import transformers
+    from backends import _workload
+
+    ours, prompts, cfg = _workload(path, batch, 1, (0, 0), dtype)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return ours, theirs, prompts, cfg.eos_token_id, cfg.pad_token_id
 
 
 def bench_train(ours, theirs, batch: int, seq: int, vocab: int, repeats: int) -> dict:
@@ -124,7 +175,9 @@ def main() -> None:
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--no-thp", action="store_true", help="leave THP_MEM_ALLOC_ENABLE unset")
     ap.add_argument("--backend", help="meshrl,vllm: compare meshrl's engine with vLLM (bench/backends.py)")
-    ap.add_argument("--model", help="with --backend: a checkpoint directory (e.g. SmolLM2) instead of --preset")
+    ap.add_argument("--model", help="a checkpoint directory with a chat template (e.g. SmolLM2, "
+                    "examples/smollm2/prepare.py) instead of --preset: its held-out chat prompts, rows stop at "
+                    "its end of turn")
     ap.add_argument("--grpo", metavar="CONFIG", help="with --backend: also one GRPO iteration of CONFIG per backend")
     args = ap.parse_args()
     if args.backend:
@@ -145,37 +198,33 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
 
     import transformers
-    from bench_models import MODELS
 
-    from meshrl.model import load_pretrained, num_params
-    from meshrl.model.transformer import CausalLM
+    from meshrl.model import num_params
 
-    # Both sides load the same checkpoint directory, so their weights live in the same kind of memory.
-    with tempfile.TemporaryDirectory() as d:
-        torch.manual_seed(0)
-        model = CausalLM(MODELS[args.preset])
-        with torch.no_grad():  # spread the logits (std 0.1) so greedy decoding is far from ties
-            for p in model.parameters():
-                p.normal_(0.0, 0.1) if p.dim() > 1 else p.fill_(1.0)
-        model.save_pretrained(d)
-        ours = load_pretrained(d).to(dtype).eval()
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
-    # Neither side stops at EOS: all rows decode new_tokens tokens (a forced min_new_tokens would
-    # instead forbid EOS on transformers' side only, and its tokens would differ where EOS wins).
-    theirs.generation_config.eos_token_id = None
-    cfg = ours.config
+    batches = [int(b) for b in args.batch.split(",")]
     lo, hi = map(int, args.prompt_len.split(","))
-    print(f"model: {args.preset!r}, {num_params(cfg) / 1e6:.1f}M parameters; torch {torch.__version__}, "
+    eos, pad = None, 0
+    if args.model:
+        ours, theirs, all_prompts, eos, pad = checkpoint_workload(args.model, max(batches), dtype)
+    else:
+        ours, theirs = preset_models(args.preset, dtype)
+    cfg = ours.config
+    print(f"model: {args.model or args.preset!r}, {num_params(cfg) / 1e6:.1f}M parameters; torch {torch.__version__}, "
           f"transformers {transformers.__version__} (attn {theirs.config._attn_implementation}); "
           f"{args.dtype}; {torch.get_num_threads()} threads; "
           f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}; "
           f"medians of {args.repeats}, ours and transformers alternating")
-    for batch in map(int, args.batch.split(",")):
-        prompts = _prompts(batch, cfg.vocab_size, lo, hi)
+    for batch in batches:
+        if args.model:
+            prompts = all_prompts[:batch]
+            lo, hi = min(map(len, prompts)), max(map(len, prompts))
+        else:
+            prompts = _prompts(batch, cfg.vocab_size, lo, hi)
         for compile in (False,) if args.no_compile else (False, True):
-            g = bench_generate(ours, theirs, prompts, args.new_tokens, args.repeats, compile)
-            print(f"generate  batch {batch:3d}, prompts {lo}..{hi} tokens, {args.new_tokens} new tokens, greedy, "
-                  f"gen.compile={str(compile).lower():5s}; same tokens: {g['same_tokens']}")
+            g = bench_generate(ours, theirs, prompts, args.new_tokens, args.repeats, compile, eos, pad)
+            stops = f", stops at end of turn ({g['tokens']} tokens)" if eos is not None else ""
+            print(f"generate  batch {batch:3d}, prompts {lo}..{hi} tokens, {args.new_tokens} new tokens{stops}, "
+                  f"greedy, gen.compile={str(compile).lower():5s}; same tokens: {g['same_share']:.0%} of rows")
             for kind in ("wall", "cpu"):
                 o, h = g[f"ours_{kind}_tok_s"], g[f"hf_{kind}_tok_s"]
                 print(f"  by {kind:4s} time: meshrl {o:8.1f} tok/s, transformers {h:8.1f} tok/s, "
