@@ -108,3 +108,23 @@ def test_the_runtime_builds_each_role_at_the_model_the_planner_prices(over, want
         assert states[role][0] == priced[role] == get_preset(preset), role
     critic = states["critic"][1]  # the critic starts at values 0 whatever its backbone
     assert not critic("score.weight", ((0, 1), (0, get_preset(want["critic"]).hidden_size))).any()
+
+
+def test_init_loader_under_a_fake_mode_draws_only_the_tensor_asked_for(monkeypatch):
+    """A fake draw leaves the generator as it was, so the loader skips the catch-up draws there:
+    the last tensor first costs one draw; a real loader still equals build_model."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    import meshrl.parallel.load as load_mod
+
+    drawn, real = [], load_mod.init_tensor
+    monkeypatch.setattr(load_mod, "init_tensor", lambda name, shape, gen: drawn.append(name) or real(name, shape, gen))
+    loader = InitLoader("tiny", 7)
+    last = loader.order[-1]
+    whole = tuple((0, n) for n in loader.shapes[last])
+    with FakeTensorMode():
+        t = loader(last, whole)
+    assert isinstance(t, FakeTensor) and tuple(t.shape) == tuple(loader.shapes[last])
+    assert drawn == [last]
+    monkeypatch.undo()
+    assert torch.equal(InitLoader("tiny", 7)(last, whole), build_model("tiny", seed=7).state_dict()[last])
