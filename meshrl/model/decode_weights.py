@@ -1,9 +1,10 @@
 """What a generation's decode runs on: one KV cache per layer, and the copies of the weights
 made once per generation where they pay on a CPU.
 
-- bf16 (fp16): q|k|v and gate|up concatenated, one matmul each (``fused_weights``), since oneDNN's
-  small-row matmul pays a fixed cost per call (docs/model.md "bf16 on a CPU").
-- eager float32: every projection and the LM head reordered for oneDNN's matmul (``Packed``),
+- bf16 (fp16) on a CPU without bf16 dot products: q|k|v and gate|up concatenated, one matmul each
+  (``fused_weights``), since oneDNN's small-row matmul pays a fixed cost per call (docs/model.md
+  "bf16 on a CPU").
+- eager float32, and bf16 on a CPU with bf16 dot products: every projection and the LM head reordered for oneDNN's matmul (``Packed``),
   as inductor prepacks them (docs/model.md "Packed weights").
 
 Both are copies taken at the generation's start, so each optimizer step's new weights are the ones
@@ -61,10 +62,19 @@ def pack_projections(weight: torch.Tensor) -> bool:
     copy of the weight reordered once per generation: float32 on a CPU, where MKL's GEMM of a
     decode step's few rows is the slow orientation (docs/model.md "Packed weights"). The packed
     matmul also gives every row the same bits whatever the batch it runs in, which F.linear does
-    not. Not with bf16 (fused_weights: oneDNN already), nor float64 (oneDNN has none), nor under a
+    not. bf16 too where the CPU computes it natively (``native_bf16``; elsewhere fused_weights), not
+    float64 (oneDNN has none), nor under a
     dry run's fake tensors, nor on a GPU."""
-    return (weight.dtype == torch.float32 and worst_case.device_type(weight) == "cpu" and not worst_case.active()
+    return ((weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and native_bf16()))
+            and worst_case.device_type(weight) == "cpu" and not worst_case.active()
             and type(weight) in (torch.Tensor, torch.nn.Parameter) and torch.backends.mkldnn.is_available())
+
+
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 dot products (AVX512-BF16 or AMX): there oneDNN's packed bf16
+    matmul of a decode step's rows beats the unpacked one as in float32 (docs/model.md "bf16 on a
+    CPU"); without them bf16 is emulated and the fused projections are the better path."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 class Packed:

@@ -70,6 +70,7 @@ def test_fused_projections_give_the_unfused_tokens(monkeypatch, compile_, family
 
     from meshrl.model.presets import get_preset
 
+    monkeypatch.setattr(G, "native_bf16", lambda: False)  # the fused path (a CPU without bf16 dot products)
     torch.manual_seed(0)
     cfg = replace(get_preset("tiny"), model_type="qwen2", attention_bias=True) if family == "qwen2-bias" else family
     model = build_model(cfg).to(torch.bfloat16)

@@ -1,14 +1,15 @@
-"""Eager float32 decoding on a CPU runs its projections and LM head through oneDNN on weights packed
+"""Eager float32 decoding on a CPU (and bf16 on one with bf16 dot products) runs its projections and LM head through oneDNN on weights packed
 once per generation (meshrl/model/decode_weights.py ``Packed``): the F.linear values up to rounding, the
 same bits for a row whatever its batch, and only where it applies."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from meshrl.model.checkpoint import build_model
-from meshrl.model.decode_weights import Packed, make_caches, pack_projections
+from meshrl.model.decode_weights import Packed, make_caches, native_bf16, pack_projections
 from meshrl.model.generation import GenerationConfig, generate
 
 
@@ -24,9 +25,15 @@ def test_packed_matmul_is_the_linear_and_batch_invariant():
     assert torch.allclose(lin(flat), F.linear(flat, w, b), rtol=1e-5, atol=1e-5)
 
 
-def test_only_float32_weights_on_a_cpu_are_packed():
+def test_float32_weights_and_native_bf16_ones_on_a_cpu_are_packed(monkeypatch):
+    import meshrl.model.decode_weights as G
+
     assert pack_projections(torch.zeros(4, 4))
-    assert not pack_projections(torch.zeros(4, 4, dtype=torch.bfloat16))  # fused_weights' oneDNN path
+    monkeypatch.setattr(G, "native_bf16", lambda: False)
+    assert not pack_projections(torch.zeros(4, 4, dtype=torch.bfloat16))  # emulated bf16: fused_weights
+    monkeypatch.setattr(G, "native_bf16", lambda: True)
+    assert pack_projections(torch.zeros(4, 4, dtype=torch.bfloat16))  # AVX512-BF16 / AMX
+    monkeypatch.undo()
     assert not pack_projections(torch.zeros(4, 4, dtype=torch.float64))  # oneDNN has no float64 matmul
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -52,3 +59,15 @@ def test_caches_carry_the_packed_layers_and_head_and_generation_matches_unpacked
         gen.pack_projections = real
     assert torch.equal(packed.responses, plain.responses)  # greedy on random weights: no near-ties here
     assert torch.allclose(packed.response_logprobs, plain.response_logprobs, atol=1e-5)
+
+
+@pytest.mark.skipif(not native_bf16(), reason="this CPU has no bf16 dot products (AVX512-BF16 / AMX)")
+def test_packed_bf16_matmul_is_the_linear_and_batch_invariant():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 64, generator=g).bfloat16()
+    x = torch.randn(12, 1, 64, generator=g).bfloat16()
+    lin = Packed(w, None, rows=12)
+    got = lin(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), rtol=1e-2, atol=2e-2)
+    assert torch.equal(lin(x[:5]), got[:5])  # a compacted batch: the same bits
