@@ -2,11 +2,12 @@
 and a masked softmax) against SDPA's flash kernel, side by side in one run, on the same tensors.
 
     python bench/decode_attention.py [--batch 32] [--kv-heads 3] [--group 3] [--head-dim 64]
-                                     [--keys 64,115,160] [--threads 2] [--calls 300]
+                                     [--keys 64,115,160] [--threads 2] [--calls 300] [--dtype float32]
 
 Defaults are SmolLM2-135M's decode step (9 query heads over 3 KV heads, head_dim 64) at batch 32.
 Prints microseconds a call (median of 5 rounds of ``--calls`` calls, the two alternating), the
-ratio, and the largest difference between the two outputs.
+ratio, and the largest difference between the two outputs (in bf16, each one's against the float64
+attention of the same inputs).
 """
 
 from __future__ import annotations
@@ -38,25 +39,32 @@ def main() -> None:
     ap.add_argument("--keys", default="64,115,160", help="filled cache lengths")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     b, h, g, d = args.batch, args.kv_heads, args.group, args.head_dim
     for t in (int(x) for x in args.keys.split(",")):
-        cache_k, cache_v = torch.randn(b, h, t + 32, d), torch.randn(b, h, t + 32, d)
+        dt = getattr(torch, args.dtype)
+        cache_k, cache_v = torch.randn(b, h, t + 32, d, dtype=dt), torch.randn(b, h, t + 32, d, dtype=dt)
         k, v = cache_k[:, :, :t], cache_v[:, :, :t]  # the filled part of a cache, as a decode step reads it
-        q = torch.randn(b, h, g, d)
+        q = torch.randn(b, h, g, d, dtype=dt)
         mask = torch.ones(b, 1, 1, t, dtype=torch.bool)
         mask[: b // 4, ..., : t // 4] = False  # left padding of a quarter of the rows
         ours = partial(decode_attention, q, k, v, mask)
         sdpa = partial(F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
-        diff = (ours() - sdpa()).abs().max().item()
+        if dt == torch.float32:
+            diff = f"max |diff| {(ours() - sdpa()).abs().max().item():.1e}"
+        else:
+            exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+            diff = (f"max |error| vs float64: ours {(ours().double() - exact).abs().max().item():.1e}, "
+                    f"SDPA {(sdpa().double() - exact).abs().max().item():.1e}")
         for fn in (ours, sdpa):
             per_call_us(fn, 20)
         rounds = [(per_call_us(ours, args.calls), per_call_us(sdpa, args.calls)) for _ in range(5)]
         a, s = statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds)
-        print(f"batch {b}, {h} KV heads x {g} queries, head_dim {d}, {t} keys, {args.threads} threads: "
-              f"decode_attention {a:.0f} us, SDPA {s:.0f} us a call, SDPA/ours {s / a:.2f}x; max |diff| {diff:.1e}")
+        print(f"batch {b}, {h} KV heads x {g} queries, head_dim {d}, {t} keys, {args.dtype}, {args.threads} threads: "
+              f"decode_attention {a:.0f} us, SDPA {s:.0f} us a call, SDPA/ours {s / a:.2f}x; {diff}")
 
 
 if __name__ == "__main__":

@@ -60,16 +60,12 @@ WIDE_DTYPES = (torch.float32, torch.float64)
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """A CPU decode step's attention: q [B, Hkv, g, D] (the g query heads of each KV head), k, v
-    [B, Hkv, T, D], mask [B, 1, 1, T] boolean (True = attend) -> [B, Hkv, g, D]; in bf16 / fp16 the
-    scores are rounded once to that dtype and the softmax runs in float32.
+    [B, Hkv, T, D], mask [B, 1, 1, T] boolean (True = attend) -> [B, Hkv, g, D].
     Two batched matmuls and a softmax: for a step's one query a row, SDPA's CPU flash kernel (built
     for long query blocks) costs about twice as much (docs/model.md "Decode attention"). Every
     (row, head) is its own small matmul, so a row gets the same bits in any batch."""
-    scores = torch.matmul(q, k.transpose(-1, -2))
-    if q.dtype not in WIDE_DTYPES:  # bf16 / fp16: the softmax in float32, the matmuls on the cache's dtype
-        scores = scores.float()
-    probs = scores.mul_(q.shape[-1] ** -0.5).masked_fill_(mask.logical_not(), float("-inf")).softmax(-1)
-    return torch.matmul(probs.to(v.dtype), v)
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
+    return torch.matmul(scores.masked_fill_(mask.logical_not(), float("-inf")).softmax(-1), v)
 
 
 class Attention(nn.Module):
@@ -126,14 +122,14 @@ class Attention(nn.Module):
         # this without materialising repeated K/V (a full copy of the cache at every decode step,
         # a large share of a CPU decode step: docs/model.md "Generation").
         gqa = q.shape[1] != k.shape[1]
-        cpu = worst_case.device_type(q) == "cpu"
-        if q_len == 1 and mask is not None and (gqa or cpu):
+        cpu_wide = worst_case.device_type(q) == "cpu" and q.dtype in WIDE_DTYPES
+        if q_len == 1 and mask is not None and (gqa or cpu_wide):
             # A decode step: the g query heads of a KV head become g queries of one head, so the
-            # kernel loops over B x Hkv heads instead of B x Hq; on a CPU it is decode_attention,
-            # elsewhere SDPA (docs/model.md "Decode attention").
+            # kernel loops over B x Hkv heads instead of B x Hq; on a CPU in float32 / float64 it is
+            # decode_attention, elsewhere SDPA (docs/model.md "Decode attention").
             # out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
             grouped = q.reshape(b, k.shape[1], -1, self.head_dim)
-            out = (decode_attention(grouped, k, v, mask) if cpu
+            out = (decode_attention(grouped, k, v, mask) if cpu_wide
                    else F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)).reshape(b, 1, -1)
         else:
             dtype = q.dtype
