@@ -198,14 +198,18 @@ class ZeroAdamW:
         for p, (lo, hi, size) in items:
             mine[off:off + hi - lo] = p.view(-1)[lo:hi]
             off += size
-        parts = [torch.empty_like(mine) for _ in range(self.dp.size)]
-        comm.all_gather(parts, mine, self.dp.group)
+        gathered = mine.new_empty(self.dp.size, mine.numel())  # row r: rank r's chunks
+        comm.all_gather(list(gathered.unbind(0)), mine, self.dp.group)
         off = 0
         for p, (_, _, size) in items:
+            # Rank r's chunk is flat[r * size:(r + 1) * size]: the whole ones in one strided copy
+            # and a short last one (not one copy per rank: a model has many tensors, and a copy
+            # is a kernel launch on a GPU and a fake op in a dry run).
             flat, n = p.view(-1), p.numel()
-            for r, part in enumerate(parts):
-                a, b = min(r * size, n), min((r + 1) * size, n)
-                flat[a:b].copy_(part[off:off + b - a])
+            whole = n // size if size else 0
+            flat[:whole * size].view(whole, size).copy_(gathered[:whole, off:off + size])
+            if n > whole * size:
+                flat[whole * size:].copy_(gathered[whole, off:off + n - whole * size])
             off += size
 
     def zero_grad(self) -> None:

@@ -2,7 +2,8 @@
 fp32 master weights, against an independent oracle (torch's AdamW on an fp32 copy, rounded to bf16
 after each step; the default, fused kernel); foreach AdamW bit-equal to the per-tensor loop, and the
 fused kernel equal to it within rounding, resuming from its state dict; a checkpoint round trip
-that keeps the master weights (bf16 alone would lose the low bits)."""
+that keeps the master weights (bf16 alone would lose the low bits); on three gloo ranks, the
+all-gather puts every rank's chunk (a short last one too) back in its place."""
 
 import pytest
 import torch
@@ -103,3 +104,40 @@ def test_train_dtype_key():
     assert load_config(None, ["train.dtype=bfloat16"]).train.dtype == "bfloat16"
     with pytest.raises(UserError, match="train.dtype"):
         load_config(None, ["train.dtype=fp8"])
+
+
+def _zero_on_dp3(dtype_name: str) -> list[torch.Tensor]:
+    """Three ZeroAdamW steps on a dp3 axis of real gloo ranks; every rank's parameters after them."""
+    from meshrl.layout.mesh import Placement
+    from meshrl.parallel.groups import GroupCache
+
+    groups = GroupCache(timeout_s=30).for_placement(Placement.parse("dp3tp1pp1@0-2"))
+    params = _params(getattr(torch, dtype_name))
+    opt = ZeroAdamW(params, groups.dp, CFG)
+    for step in range(3):
+        for p, g in zip(params, _grads(step), strict=True):
+            p.grad = g.to(p.dtype)
+        opt.step()
+    return [p.detach() for p in params]
+
+
+@pytest.mark.timeout(180)
+def test_dp3_chunks_gathered_into_place_equal_one_rank():
+    """Sizes 35, 11 and 12 over 3 ranks: chunks of 12/12/11, 4/4/3 and 4/4/4 (a short last chunk and
+    an even split); after the all-gather every rank holds the parameters one rank alone computes."""
+    from meshrl.runtime.launch import RankPool
+
+    with RankPool(3, timeout=120) as pool:
+        for dtype in ("float32", "bfloat16"):
+            outs = pool.run(_zero_on_dp3, dtype)
+            alone = _params(getattr(torch, dtype))
+            opt = ZeroAdamW(alone, ALONE, CFG)
+            for step in range(3):
+                for p, g in zip(alone, _grads(step), strict=True):
+                    p.grad = g.to(p.dtype)
+                opt.step()
+            for rank_params in outs:
+                for got, want in zip(rank_params, alone, strict=True):
+                    torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=0)
+            for other in outs[1:]:  # the same bits on every rank
+                assert all(torch.equal(a, b) for a, b in zip(outs[0], other, strict=True))
