@@ -159,10 +159,13 @@ class ModelCosts:
         of logits, its float32 copy, shifted logits and their exponentials (parallel/tensor.py
         vocab_parallel_logprobs), beside the normalised hidden state; in training also their
         gradient, and the final RMSNorm's saved tensors (its backward's float32 temporaries
-        when larger than the logits'). A value head's one column is negligible."""
+        when larger than the logits'). A value head's one column is negligible. Inference with
+        one tp rank takes torch.logsumexp instead, which holds one temporary of the logits' size
+        (its shifted logits, exponentiated in place), not two."""
         dt, w, h = dtype_bytes, max(4, dtype_bytes), self.cfg.hidden_size
         copy = w if dt < w else 0
-        logits = 0.0 if self.value_head else (dt + copy + 2 * w + (w if train else 0)) * self.cfg.vocab_size / tp
+        temps = 1 if tp == 1 and not train else 2
+        logits = 0.0 if self.value_head else (dt + copy + temps * w + (w if train else 0)) * self.cfg.vocab_size / tp
         if not train:
             return dt * h + logits
         return (w + 2 * dt) * h + max(logits, 4 * w * h)

@@ -12,7 +12,9 @@ devices, no storage). It sees every op the rank runs and
 - gives the data-dependent shapes their worst case: ``nonzero`` (and so ``torch.where(mask)``) and
   boolean-mask indexing select every element (no row dropped, no padding removed);
 - counts live bytes: each new storage an op returns is added, and a weak reference on the storage
-  subtracts it when it is freed (views and in-place results share a storage and count once).
+  subtracts it when it is freed (views and in-place results share a storage and count once). An
+  op whose kernel allocates a temporary of its own, out of this mode's sight, adds it to the peak
+  while it runs (``WORKSPACE``: torch.logsumexp's shifted input, exponentiated in place).
   ``live`` / ``peak`` are the rank's bytes now and at most since ``start_window``; ``top`` lists
   the largest storages made in the window and alive at its peak, when it exceeded its budget.
 """
@@ -33,6 +35,10 @@ aten = torch.ops.aten
 TOP = 4  # storages named when a window exceeds its budget
 # reads of a value to Python: item() / tolist() / int(); bool(t); torch.equal
 _SCALARS = (aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default)
+# Bytes an op's kernel holds in temporaries while it runs, which a dispatch mode does not see (the
+# kernel calls other ops below it). logsumexp (ReduceOps.cpp, on every device): (x - max).exp_(),
+# one tensor of the input's size and dtype, then its sum.
+WORKSPACE: dict = {aten.logsumexp.default: lambda x, *_: x.numel() * x.element_size()}
 
 
 @dataclass
@@ -131,6 +137,9 @@ class FakeRank(TorchDispatchMode):
             out = func(args[0], idx)
         else:
             out = func(*args, **kwargs)
+        temp = WORKSPACE.get(func)
+        if temp is not None:  # the kernel's own temporary, alive beside its output while it ran
+            self.window.peak = max(self.window.peak, self.live + temp(*args, **kwargs))
         self._count(out, func)
         return out
 

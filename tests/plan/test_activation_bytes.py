@@ -132,3 +132,34 @@ def test_bf16_attention_on_a_cpu_keeps_float32_copies():
     kept = _measure(cfg, torch.bfloat16, grad=True, device=None)[0] / (B * S * cfg.num_hidden_layers)
     want = model_costs(cfg).act_bytes_per_token_layer(1, 2, cpu=True)
     assert kept == pytest.approx(want, rel=0.04) and want > model_costs(cfg).act_bytes_per_token_layer(1, 2)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_one_tp_rank_s_logprobs_peak_where_the_estimator_says(dtype):
+    """Inference's head on one tp rank: the logits, their float32 copy and logsumexp's one temporary
+    (counted by FakeRank.WORKSPACE: its kernel allocates it out of a dispatch mode's sight)."""
+    from meshrl.parallel.groups import Axis
+    from meshrl.parallel.tensor import vocab_parallel_logprobs
+
+    cfg = get_preset("tiny")
+    torch_dtype, nbytes = DTYPES[dtype]
+    with FakeTensorMode(), FakeRank() as counter:
+        head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=torch_dtype)
+        x = torch.randn(B, S, cfg.hidden_size, dtype=torch_dtype)
+        targets = torch.zeros(B, S, dtype=torch.long)
+        base = counter.live
+        counter.start_window()
+        with torch.no_grad():
+            vocab_parallel_logprobs(head(x), targets, Axis((0,), 0, None), 0)
+        peak = counter.window.peak - base
+    priced = model_costs(cfg).head_bytes_per_token(1, nbytes) - nbytes * cfg.hidden_size  # x is the caller's
+    assert peak / (B * S) == pytest.approx(priced, rel=0.02), (peak / (B * S), priced)
+
+
+def test_logsumexp_s_own_temporary_is_counted():
+    with FakeTensorMode(), FakeRank() as counter:
+        z = torch.empty(64, 1000)
+        counter.start_window()
+        base = counter.live
+        torch.logsumexp(z, -1)
+        assert counter.window.peak - base >= z.numel() * 4
