@@ -11,7 +11,8 @@ Problem.call_memory) against its dry-run peak; the error summary is over every c
 rank of every cell (|predicted - dry run| / dry run).
 
     python bench/dry_run_grid.py [--scales both] [--models 7B,13B] [--gens 128] [--strategies heuristic,search]
-                                 [--steps 200] [--moe] [--out docs/dry_run_grid.md]
+                                 [--steps 200] [--moe] [--moe-presets mixtral-8x7b]
+                                 [--out docs/dry_run_grid.md]
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200, help="search plan evaluations per cell")
     ap.add_argument("--moe", action="store_true", help="also the MoE presets on 64 GPUs")
     ap.add_argument("--no-grid", action="store_true", help="only the MoE presets")
+    ap.add_argument("--moe-presets", default=",".join(p for p, _ in MOE),
+                    help="which MoE presets --moe / --no-grid run (comma-separated)")
     ap.add_argument("--out", default="docs/dry_run_grid.md",
                     help="the table (Markdown); its rows and errors also go to the same name with .json")
     ap.add_argument("--merge", nargs="+", metavar="PART.json",
@@ -115,7 +118,11 @@ def main() -> int:
     todo = [] if args.no_grid else list(grid_cells(args.scales.split(","), args.models.split(","),
                                                     [int(g) for g in args.gens.split(",")]))
     if args.moe or args.no_grid:
-        todo += [("MoE", label, 64, 128, preset, preset) for preset, label in MOE]
+        wanted = args.moe_presets.split(",")
+        unknown = sorted(set(wanted) - {p for p, _ in MOE})
+        if unknown:
+            ap.error(f"--moe-presets: unknown {unknown[0]!r}; expected some of {[p for p, _ in MOE]}")
+        todo += [("MoE", label, 64, 128, preset, preset) for preset, label in MOE if preset in wanted]
     cmd = ("python bench/dry_run_grid.py " + " ".join(sys.argv[1:])).strip()
     for setting, label, n, gen, actor, critic in todo:
         try:

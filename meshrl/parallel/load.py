@@ -42,6 +42,7 @@ class InitLoader:
         self.seed, self.dtype = seed, dtype
         self.shapes = param_shapes(self.cfg, value_head)
         self.order = list(self.shapes)
+        self.index = {n: i for i, n in enumerate(self.order)}  # a MoE preset has ~20k names
         self._restart()
 
     def _restart(self) -> None:
@@ -53,7 +54,7 @@ class InitLoader:
         if name not in self.shapes:
             raise KeyError(f"InitLoader: no parameter {name!r}")
         if self.last is None or self.last[0] != name:
-            want = self.order.index(name)
+            want = self.index[name]
             if want < self.pos:
                 self._restart()
             if detect_fake_mode() is not None:
