@@ -79,10 +79,20 @@ def row(setting: str, label: str, n: int, gen: int, strategy: str, plan, rep: di
         p, m = c["predicted_mem_gib"], c["dry_run_mem_gib"]
         cells.append(f"{name} {p:.1f}/{m:.1f} ({(p - m) / m:+.0%})" if m else f"{name} {p:.1f}/-")
     errs = errors(rep)
+    worst = "{} on rank {}: {:.1f}/{:.1f} GiB".format(*worst_pair(rep))
     ok = "ok" if not rep["failures"] else "FAILED: " + rep["failures"][0][:120]
     fits = "fits" if rep["fits"] else "does not fit"
     return (f"| {setting} | {label} | {n} | {gen} | {strategy} | {len(rep['simulated'])} | "
-            f"{statistics.median(errs):.1%} / {max(errs):.1%} | " + "; ".join(cells) + f" | {fits}, {ok} |")
+            f"{statistics.median(errs):.1%} / {max(errs):.1%} ({worst}) | " + "; ".join(cells) + f" | {fits}, {ok} |")
+
+
+def worst_pair(rep: dict) -> tuple[str, int, float, float]:
+    """(call, rank, predicted GiB, dry-run GiB) of the (call, simulated rank) pair farthest off."""
+    pairs = [(abs(x["predicted_mem_gib"] - x["dry_run_mem_gib"]) / x["dry_run_mem_gib"], name, x["rank"],
+              x["predicted_mem_gib"], x["dry_run_mem_gib"])
+             for name, c in rep["calls"].items() for x in c["ranks"]
+             if x["dry_run_mem_gib"] and x["rank"] == x["simulated_as"]]
+    return max(pairs)[1:]
 
 
 HEAD = ("| setting | model | GPUs | gen | plan | simulated ranks | median / worst error | per call: predicted / "
