@@ -55,7 +55,8 @@ def sharded_weights(mcfg, value: bool) -> dict[str, tuple[int, ...]]:
     head, the k/v projections; 1-D tensors (norms, biases) are replicated by design."""
     out = {}
     for name, shape in param_shapes(mcfg, value).items():
-        if len(shape) != 2 or name == "score.weight" or ".experts." in name or name.endswith("mlp.gate.weight"):
+        router = name.endswith(f".{mcfg.moe_prefix}.gate.weight")
+        if len(shape) != 2 or name == "score.weight" or ".experts." in name or router:
             continue
         if mcfg.num_key_value_heads == 1 and (".k_proj." in name or ".v_proj." in name):
             continue

@@ -22,7 +22,10 @@ from meshrl.layout.mesh import Layout, Mesh
 from meshrl.model.config import param_shapes
 from meshrl.plan.execution_plan import CallPlan, Cluster, ExecutionPlan
 from meshrl.plan.problem import problem_from_config
-from meshrl.runtime.dry_run import dry_run
+from meshrl.layout.mesh import Placement
+from meshrl.layout.shardmap import shard_map
+from meshrl.model.presets import get_preset
+from meshrl.runtime.dry_run import dry_run, sharded_weights
 
 SIZES = ["data.batch_size=8", "data.gen_len=4", "data.prompt_len=8", "cluster.device=h100-80g"]
 
@@ -80,6 +83,20 @@ def test_a_collective_of_the_wrong_shape_on_one_rank_is_named(monkeypatch):
     n = int(m.first.split("[")[1].split("]")[0])
     assert f"[{n}]" in m.first and f"[{n - 1}]" in m.second
     assert any("disagree on collective" in f and "actor_train" in f for f in res.failures)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe", "mixtral"])
+def test_the_weights_checked_for_wholeness_are_those_the_shard_map_splits(family):
+    """The whole-weight check's list against ShardMap under tp2: a 2-D weight is listed exactly when
+    no rank holds it whole (Mixtral's router, ``block_sparse_moe.gate``, is replicated as Qwen3's is)."""
+    extra = {"llama": dict(num_experts=0), "mixtral": dict(intermediate_size=64)}.get(family, {})
+    cfg = get_preset("tiny-moe").replace(model_type=family, **extra)
+    sm = shard_map(cfg, Placement.parse("dp1tp2pp1@0-1"))
+    split = {n for n, shape in sm.shapes.items() if len(shape) == 2
+             and all(sl != tuple((0, d) for d in shape) for _, sl in sm.holders(n))}
+    whole_experts = {n for n in sm.shapes if ".experts." in n}  # whole experts, spread over tp
+    assert set(sharded_weights(cfg, False)) == split - whole_experts
+    assert any(n.endswith("gate.weight") and ".experts." not in n for n in sm.shapes) == (family != "llama")
 
 
 @pytest.mark.timeout(900)
