@@ -6,9 +6,11 @@
 The block keeps every line the run prints except the per-iteration ones, of which it keeps every
 tenth and the last (the console shows all of them). The run's output directory is shown as
 runs/demo (the default --out). The figures are deterministic for a fixed seed: the same code gives
-the same block on any machine whose CPU kernels sum in the same order; the block records the torch
-CPU capability it was made on (``torch.backends.cpu.get_cpu_capability()``), and the check
-(tests/commands/test_readme_demo.py) runs only on a machine with that capability.
+the same block on any machine whose CPU kernels sum in the same order. That order follows torch's CPU
+capability (``torch.backends.cpu.get_cpu_capability()``: its own kernels) and the CPU's vendor and
+matrix units (the kernels oneMKL and oneDNN pick: an AVX512 Intel Xeon and an AVX512 AMD EPYC print
+different figures). The block records the three (``machine_kind()``), and the check
+(tests/commands/test_readme_demo.py) runs only on a machine of that kind.
 """
 
 from __future__ import annotations
@@ -27,10 +29,22 @@ BEGIN, END = "<!-- demo:begin", "<!-- demo:end -->"
 EVERY = 10
 
 
-def cpu_capability() -> str:
+def machine_kind() -> str:
+    """'<torch CPU capability> <vendor>[ AMX]', e.g. 'AVX512 GenuineIntel AMX', 'AVX512 AuthenticAMD'."""
+    import platform
+
     import torch
 
-    return torch.backends.cpu.get_cpu_capability()
+    vendor, flags = platform.processor() or platform.machine(), set()
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else []):
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            vendor = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+    amx = " AMX" if "amx_tile" in flags else ""
+    return f"{torch.backends.cpu.get_cpu_capability()} {vendor}{amx}"
 
 
 def demo_output(extra: list[str] | None = None) -> list[str]:
@@ -58,7 +72,7 @@ def abridge(lines: list[str]) -> list[str]:
 
 
 def block_of(text: str) -> tuple[str, list[str]]:
-    """README text -> (the capability recorded in the block's marker, the block's lines)."""
+    """README text -> (the machine kind recorded in the block's marker, the block's lines)."""
     start = text.index(BEGIN)
     head_end = text.index("-->", start)
     capability = text[start + len(BEGIN):head_end].strip().removeprefix("cpu=").strip()
@@ -67,9 +81,9 @@ def block_of(text: str) -> tuple[str, list[str]]:
     return capability, [line for line in lines if line.strip()]
 
 
-def with_block(text: str, lines: list[str], capability: str) -> str:
+def with_block(text: str, lines: list[str], kind: str) -> str:
     start, stop = text.index(BEGIN), text.index(END)
-    block = f"{BEGIN} cpu={capability} -->\n```text\n" + "\n".join(lines) + "\n```\n"
+    block = f"{BEGIN} cpu={kind} -->\n```text\n" + "\n".join(lines) + "\n```\n"
     return text[:start] + block + text[stop:]
 
 
@@ -88,8 +102,8 @@ def main() -> int:
     text = readme.read_text()
     lines = abridge(demo_output())
     if not args.check:
-        readme.write_text(with_block(text, lines, cpu_capability()))
-        print(f"README.md: demo block rewritten ({len(lines)} lines, cpu={cpu_capability()})")
+        readme.write_text(with_block(text, lines, machine_kind()))
+        print(f"README.md: demo block rewritten ({len(lines)} lines, cpu={machine_kind()})")
         return 0
     _, have = block_of(text)
     if comparable(have) == comparable(lines):
