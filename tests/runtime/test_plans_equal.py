@@ -11,10 +11,11 @@ like the KL at iteration 0 ~1e-7, are held to an absolute bound instead of a mea
 one) within its kind's bound (``kind``; docs/runtime.md, "Determinism", has the mechanism):
 - 1e-5 for what iteration 0's rollouts and evaluations measure (rewards, KL to the ref, lengths,
   eval/*): the same weights under every plan, forward passes in other summation orders;
-- 1e-4 for the train calls' statistics (losses, clip fractions, approx KL), and for the rollout
+- 3e-4 for the train calls' statistics (losses, clip fractions, approx KL), and for the rollout
   figures of later iterations: both are measured on weights the Adam steps moved, and each Adam
   step turns summation-order noise in near-zero gradient elements into differences of up to ~1e-3
-  of those elements' update (measured: kl/k3 of grpo/random2 at iteration 1, 3.5e-5);
+  of those elements' update (worst measured: approx KL at iteration 2 of the GRPO recipe test,
+  1.2e-4 where oneMKL runs its AVX512 kernels, 3.8e-5 where it runs its AVX2 ones);
 - 3e-4 for the gradient norms, which one sharp sequence in a batch can make tens of times more
   sensitive to those weight differences than the losses.
 These float32 bounds say how far rounding carries, not that the plans compute the same thing; that
@@ -45,7 +46,7 @@ from runtime_util import WORLD, random_plan
 FLOOR = 0.1
 # Three kinds of figure, three bounds (module docstring; docs/runtime.md, "Determinism"):
 RTOL = 1e-5  # what the iteration's rollout and evaluation measure: rewards, KL to the ref, lengths
-STEP_RTOL = 1e-4  # the train calls' statistics, measured on weights their own Adam steps just moved
+STEP_RTOL = 3e-4  # the train calls' statistics, measured on weights their own Adam steps just moved
 GRAD_NORM_RTOL = 3e-4  # the train calls' gradient norms (derivative-level, sharp at some sequences)
 KINDS = {"rollout": RTOL, "step": STEP_RTOL, "grad_norm": GRAD_NORM_RTOL}
 
