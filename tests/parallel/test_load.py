@@ -110,21 +110,24 @@ def test_the_runtime_builds_each_role_at_the_model_the_planner_prices(over, want
     assert not critic("score.weight", ((0, 1), (0, get_preset(want["critic"]).hidden_size))).any()
 
 
-def test_init_loader_under_a_fake_mode_draws_only_the_tensor_asked_for(monkeypatch):
-    """A fake draw leaves the generator as it was, so the loader skips the catch-up draws there:
-    the last tensor first costs one draw; a real loader still equals build_model."""
+def test_init_loader_under_a_fake_mode_draws_nothing_and_gives_the_slice(monkeypatch):
+    """A fake draw has no values and leaves the generator as it was, so under a fake mode the loader
+    draws nothing: it returns a new tensor of the slice's shape in its dtype; a real loader still
+    equals build_model."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     import meshrl.parallel.load as load_mod
 
     drawn, real = [], load_mod.init_tensor
     monkeypatch.setattr(load_mod, "init_tensor", lambda name, shape, gen: drawn.append(name) or real(name, shape, gen))
-    loader = InitLoader("tiny", 7)
+    loader = InitLoader("tiny", 7, dtype=torch.bfloat16)
     last = loader.order[-1]
     whole = tuple((0, n) for n in loader.shapes[last])
+    rows = ((1, 3),)  # the first dimension sliced, the others whole
     with FakeTensorMode():
-        t = loader(last, whole)
-    assert isinstance(t, FakeTensor) and tuple(t.shape) == tuple(loader.shapes[last])
-    assert drawn == [last]
+        t, part = loader(last, whole), loader(last, rows)
+    assert isinstance(t, FakeTensor) and tuple(t.shape) == tuple(loader.shapes[last]) and t.dtype == torch.bfloat16
+    assert tuple(part.shape) == (2, *loader.shapes[last][1:])
+    assert drawn == []
     monkeypatch.undo()
     assert torch.equal(InitLoader("tiny", 7)(last, whole), build_model("tiny", seed=7).state_dict()[last])
