@@ -35,15 +35,11 @@ def machine_kind() -> str:
 
     import torch
 
-    vendor, flags = platform.processor() or platform.machine(), set()
     cpuinfo = Path("/proc/cpuinfo")
-    for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else []):
-        key, _, value = line.partition(":")
-        if key.strip() == "vendor_id":
-            vendor = value.strip()
-        elif key.strip() == "flags":
-            flags = set(value.split())
-    amx = " AMX" if "amx_tile" in flags else ""
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    vendor = next((v.strip() for k, _, v in (x.partition(":") for x in lines) if k.strip() == "vendor_id"),
+                  platform.processor() or platform.machine())
+    amx = " AMX" if torch.cpu._is_amx_tile_supported() else ""  # as meshrl/model/decode_weights.py asks
     return f"{torch.backends.cpu.get_cpu_capability()} {vendor}{amx}"
 
 
@@ -75,10 +71,10 @@ def block_of(text: str) -> tuple[str, list[str]]:
     """README text -> (the machine kind recorded in the block's marker, the block's lines)."""
     start = text.index(BEGIN)
     head_end = text.index("-->", start)
-    capability = text[start + len(BEGIN):head_end].strip().removeprefix("cpu=").strip()
+    kind = text[start + len(BEGIN):head_end].strip().removeprefix("cpu=").strip()
     body = text[head_end + 3:text.index(END)]
     lines = [line for line in body.splitlines() if not line.startswith("```")]
-    return capability, [line for line in lines if line.strip()]
+    return kind, [line for line in lines if line.strip()]
 
 
 def with_block(text: str, lines: list[str], kind: str) -> str:
@@ -102,8 +98,9 @@ def main() -> int:
     text = readme.read_text()
     lines = abridge(demo_output())
     if not args.check:
-        readme.write_text(with_block(text, lines, machine_kind()))
-        print(f"README.md: demo block rewritten ({len(lines)} lines, cpu={machine_kind()})")
+        kind = machine_kind()
+        readme.write_text(with_block(text, lines, kind))
+        print(f"README.md: demo block rewritten ({len(lines)} lines, cpu={kind})")
         return 0
     _, have = block_of(text)
     if comparable(have) == comparable(lines):

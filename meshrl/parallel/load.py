@@ -55,12 +55,11 @@ class InitLoader:
             raise KeyError(f"InitLoader: no parameter {name!r}")
         if detect_fake_mode() is not None:
             # Under a fake mode (the dry run) a draw has no values and leaves the generator where it
-            # was: the slice alone, as the dtype's new tensor, is what a real load returns (a MoE
-            # preset has ~20k tensors a model, each fake op ~0.1 ms: a draw, its slice, cast and
-            # copy were most of a simulated rank's set-up).
+            # was: a new tensor of the slice's shape in the loader's dtype is what a real load returns,
+            # in one fake op instead of a draw, its slice, cast and copy (a MoE preset has ~20k
+            # tensors a model).
             full = self.shapes[name]
-            cut = _index(sl) + (slice(None),) * (len(full) - len(sl))
-            return torch.empty([len(range(n)[i]) for n, i in zip(full, cut, strict=True)], dtype=self.dtype)
+            return torch.empty([b - a for a, b in sl] + list(full[len(sl):]), dtype=self.dtype)
         if self.last is None or self.last[0] != name:
             want = self.index[name]
             if want < self.pos:

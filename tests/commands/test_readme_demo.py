@@ -25,8 +25,9 @@ def _readme_tool():
 def test_the_readme_demo_block_equals_a_fresh_run():
     tool = _readme_tool()
     kind, block = tool.block_of((ROOT / "README.md").read_text())
-    if kind != tool.machine_kind():
-        pytest.skip(f"the block was made on a CPU of kind {kind!r}, this one is {tool.machine_kind()!r}")
+    here = tool.machine_kind()
+    if kind != here:
+        pytest.skip(f"the block was made on a CPU of kind {kind!r}, this one is {here!r}")
     fresh = tool.abridge(tool.demo_output())
     assert tool.comparable(block) == tool.comparable(fresh)
     assert fresh[-1].startswith("held-out accuracy") and "after PPO" in fresh[-1]

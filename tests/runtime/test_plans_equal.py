@@ -15,7 +15,7 @@ one) within its kind's bound (``kind``; docs/runtime.md, "Determinism", has the 
   figures of later iterations: both are measured on weights the Adam steps moved, and each Adam
   step turns summation-order noise in near-zero gradient elements into differences of up to ~1e-3
   of those elements' update (worst measured: approx KL at iteration 2 of the GRPO recipe test,
-  1.2e-4 where oneMKL runs its AVX512 kernels, 3.8e-5 where it runs its AVX2 ones);
+  1.2e-4 on an AVX512 Intel Xeon with AMX, 3.8e-5 on an AVX512 AMD EPYC);
 - 3e-4 for the gradient norms, which one sharp sequence in a batch can make tens of times more
   sensitive to those weight differences than the losses.
 These float32 bounds say how far rounding carries, not that the plans compute the same thing; that
