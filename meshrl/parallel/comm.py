@@ -96,6 +96,15 @@ def setup(timeout: datetime.timedelta | None = None) -> None:
         _ctrl_ids.add(id(g))
 
 
+def forget() -> None:
+    """Drop this module's references to the world's groups (call as the world ends, before
+    ``destroy_process_group``): a group still referenced when the process exits is freed without
+    its gloo threads joined (meshrl/runtime/run.py ``end_world``)."""
+    _ctrl_of.clear()
+    _ctrl_ids.clear()
+    _state.update(world_ctrl=None, setup=False)
+
+
 def new_group(ranks: list[int], timeout: datetime.timedelta) -> ProcessGroup:
     """A data group over ``ranks`` plus its control twin (world-collective: every rank calls it for
     every group, in the same order; non-members get non-member handles, as with dist.new_group)."""

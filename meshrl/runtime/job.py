@@ -14,7 +14,6 @@ import os
 import shutil
 from pathlib import Path
 
-from ..gen import close_all
 from ..config import Config, dump_yaml
 from ..errors import UserError
 from ..plan.execution_plan import ExecutionPlan
@@ -24,7 +23,7 @@ from .checkpoint import check_format, latest_checkpoint
 from ..plan.lag import with_lag
 import yaml
 from .launch import RankError, RankPool, failure_report
-from .run import rank_main
+from .run import end_world, rank_main
 import datetime
 import torch
 import torch.distributed as dist
@@ -174,9 +173,7 @@ def in_process(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0
         return rank_main(cfg, plan, out, start, timeout_s, str(status) if status else None, quiet,
                          cfg.train.save_every, progress)
     finally:
-        close_all()  # generation engines first: they hold groups of their own (meshrl/gen)
-        if dist.is_initialized():  # (a vLLM engine's shutdown destroys the default group itself)
-            dist.destroy_process_group()
+        end_world()
         torch.set_num_threads(before)
 
 
@@ -210,6 +207,4 @@ def _torchrun_main(cfg: Config, plan_spec: str, out: Path, resume: bool, timeout
         return rank_main(cfg, ExecutionPlan.from_json(plan_json), str(out), start, timeout_s, None, quiet,
                          cfg.train.save_every, progress)
     finally:
-        close_all()  # generation engines first: they hold groups of their own (meshrl/gen)
-        if dist.is_initialized():  # (a vLLM engine's shutdown destroys the default group itself)
-            dist.destroy_process_group()
+        end_world()

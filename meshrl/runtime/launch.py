@@ -66,7 +66,7 @@ def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: f
     except Exception:  # noqa: BLE001 - reported to the parent, which names the rank
         results.put((rank, "error", traceback.format_exc()))
         return
-    from ..gen import close_all  # in a rank after its environment is set: torch reads OMP_* as it loads
+    from .run import end_world  # in a rank after its environment is set: torch reads OMP_* as it loads
     from ..parallel import comm  # in a rank after its environment is set: torch reads OMP_* as it loads
 
     comm.setup(datetime.timedelta(seconds=coll_timeout))  # the world's control (gloo) group
@@ -86,9 +86,7 @@ def _worker(rank: int, world: int, init_file: str, backend: str, coll_timeout: f
             results.put((rank, "ok", out))
         except Exception:  # noqa: BLE001
             results.put((rank, "error", traceback.format_exc()))
-    close_all()  # generation engines first: they hold groups of their own (meshrl/gen)
-    if dist.is_initialized():  # (a vLLM engine's shutdown destroys the default group itself)
-        dist.destroy_process_group()
+    end_world()
 
 
 def _pickled(task: _Task) -> bytes:

@@ -12,6 +12,7 @@ The reporting state lives in a ``Reporter`` (runtime/report.py); a re-plan retur
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..algo.graph import graph_of
 from ..config import Config
+from ..gen import close_all
 from ..parallel import comm
 from ..parallel.groups import GroupCache, all_axes
 from ..plan.execution_plan import ExecutionPlan
@@ -41,6 +43,22 @@ def process_cache(timeout_s: float) -> GroupCache:
     if _CACHE is None:
         _CACHE = GroupCache(timeout_s)
     return _CACHE
+
+
+def end_world() -> None:
+    """End this process's distributed world: its generation engines (they hold groups of their
+    own), then every reference meshrl keeps to a group (the process cache, comm's control groups),
+    then the process group, then a garbage collection, so each gloo group is freed and its threads
+    joined now, while the interpreter runs. A group still referenced when the process exits is freed
+    during teardown with its threads unjoined and the C++ runtime aborts the rank ("terminate called
+    without an active exception"; pytorch/pytorch#65513) after the job itself has finished."""
+    global _CACHE
+    close_all()
+    _CACHE = None
+    comm.forget()
+    if dist.is_initialized():  # (a vLLM engine's shutdown destroys the default group itself)
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def plan_groups(plan: ExecutionPlan, kv_heads: set[int]) -> list[tuple[int, ...]]:

@@ -115,3 +115,23 @@ def test_a_second_job_in_the_same_ranks_makes_its_groups():
         # a group made by some ranks only is an error naming the counts, not a hang
         with pytest.raises(RankError, match=r"different numbers of process groups \(by rank: \[\d+, \d+, \d+, \d+\]\)"):
             pool.run(_stray_group_then_job)
+
+
+def _groups_freed_by_end_world() -> list[str]:
+    import weakref
+
+    from torch.distributed import distributed_c10d as c10d
+
+    from meshrl.runtime.run import end_world, make_groups, process_cache
+
+    make_groups(process_cache(60.0), [(0, 1)])  # the cache meshrl keeps for the process's life
+    refs = {str(c10d._world.pg_names[g]): weakref.ref(g) for g in c10d._world.pg_map}
+    end_world()
+    return sorted(name for name, ref in refs.items() if ref() is not None)
+
+
+def test_end_world_frees_every_process_group():
+    """A gloo group still alive when a rank exits is freed with its threads unjoined and the rank
+    aborts after its job has finished (a torchrun rank's SIGABRT); end_world leaves none alive."""
+    with RankPool(2) as pool:
+        assert pool.run(_groups_freed_by_end_world) == [[], []]
