@@ -4,8 +4,8 @@ made once per generation where they pay on a CPU.
 - bf16 (fp16) on a CPU without bf16 dot products: q|k|v and gate|up concatenated, one matmul each
   (``fused_weights``), since oneDNN's small-row matmul pays a fixed cost per call (docs/model.md
   "bf16 on a CPU").
-- eager float32, and bf16 on a CPU with bf16 dot products: every projection and the LM head reordered for oneDNN's matmul (``Packed``),
-  as inductor prepacks them (docs/model.md "Packed weights").
+- eager float32, and bf16 on a CPU with bf16 dot products: every projection and the LM head
+  reordered for oneDNN's matmul (``Packed``), as inductor prepacks them (docs/model.md "Packed weights").
 
 Both are copies taken at the generation's start, so each optimizer step's new weights are the ones
 used; the estimator prices them (plan/model_costs.py ``fused_decode_bytes``).

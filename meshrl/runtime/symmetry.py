@@ -7,7 +7,8 @@ bytes it holds, step by step through one iteration (meshrl/plan/steps.py's order
   the dry run's worst case every row has the same length), the shapes of its own parameter shards
   (tp and pp slices), whether it holds the replica's output, reports the call's statistics, and
   which other roles' models it keeps (their memory is resident during the call);
-- a reallocation: the (parameter, bytes) of each piece it sends, receives and copies;
+- a reallocation: its rounds of buckets sent and received as the executor runs them (each piece's
+  parameter and box shape), the shapes of its shards on both sides, and its local copies;
 - a transfer: whether it sends, receives, and how many rows its part has.
 
 Not in it: the dp index and the tp index themselves (they choose *which* rows and *which* slice,
@@ -30,6 +31,8 @@ from ..layout.realloc_plan import realloc_plan
 from ..layout.shardmap import shard_map
 from ..plan.execution_plan import ExecutionPlan
 from ..plan.steps import Step, home_calls, report_rank, steps
+from ..realloc.executor import DEFAULT_BUCKET_BYTES
+from ..realloc.schedule import link_buckets, rank_rounds
 
 VALUE_ROLES = ("critic", "reward")
 
@@ -103,7 +106,7 @@ def _shards(mcfg, pl: Placement, tp_i: int, pp_i: int, value: bool) -> tuple:
         return ()
     sm = shard_map(mcfg, pl, value)
     r = pl.rank_of(0, tp_i, pp_i)
-    return tuple((name, tuple(b - a for a, b in sl)) for name, sl in sorted(sm.params_of(r).items()))
+    return tuple((name, _box(sl)) for name, sl in sorted(sm.params_of(r).items()))
 
 
 @lru_cache(maxsize=256)
@@ -111,9 +114,34 @@ def _plan_of(mcfg, src: Placement, dst: Placement, value: bool):
     return realloc_plan(shard_map(mcfg, src, value), shard_map(mcfg, dst, value))
 
 
+def _box(region) -> tuple[int, ...]:
+    return tuple(hi - lo for lo, hi in region)
+
+
+@lru_cache(maxsize=256)
+def _links_of(mcfg, src: Placement, dst: Placement, value: bool) -> dict:
+    return link_buckets(_plan_of(mcfg, src, dst, value), DEFAULT_BUCKET_BYTES)
+
+
 def _realloc_sig(mcfg, src: Placement, dst: Placement, value: bool, r: int) -> tuple:
-    sends, recvs, copies = _plan_of(mcfg, src, dst, value).for_rank(r)
-    return tuple(tuple(sorted((t.name, t.nbytes) for t in ts)) for ts in (sends, recvs, copies))
+    """What decides the messages a reallocation issues on rank ``r``: the executor's rounds as it runs
+    them (realloc/schedule.py ``rank_rounds``; per round the buckets to and from each peer in peer
+    order, each piece's parameter, box shape and whether it travels as its own message), with the
+    peers' identities left out; the shapes of the rank's source and destination shards (with a box's
+    shape they decide whether a piece is sent from its place or through a buffer); its local copies.
+    The multiset of pieces alone is not enough: two ranks can move the same pieces grouped into
+    other buckets or rounds, and then issue other messages in another order."""
+    plan = _plan_of(mcfg, src, dst, value)
+
+    def bucket(b) -> tuple:
+        return tuple((p.name, _box(p.region), d) for p, d in zip(b.pieces, b.direct, strict=True))
+
+    rounds = tuple((tuple(map(bucket, sends)), tuple(map(bucket, recvs)))
+                   for sends, recvs in rank_rounds(_links_of(mcfg, src, dst, value), r))
+    held = tuple(tuple((n, _box(sl)) for n, sl in m.params_of(r).items()) if r in m.placement.mesh else ()
+                 for m in (plan.src, plan.dst))
+    copies = tuple(sorted((t.name, t.nbytes) for t in plan.copies if t.dst == r))
+    return rounds, held, copies
 
 
 def compare_members(a: int, b: int, steps_a: list, steps_b: list, ops_a: list, ops_b: list) -> str | None:

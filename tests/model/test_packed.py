@@ -1,6 +1,7 @@
-"""Eager float32 decoding on a CPU (and bf16 on one with bf16 dot products) runs its projections and LM head through oneDNN on weights packed
-once per generation (meshrl/model/decode_weights.py ``Packed``): the F.linear values up to rounding, the
-same bits for a row whatever its batch, and only where it applies."""
+"""Eager float32 decoding on a CPU (and bf16 on one with bf16 dot products) runs its projections and
+LM head through oneDNN on weights packed once per generation (meshrl/model/decode_weights.py
+``Packed``): the F.linear values up to rounding, the same bits for a row whatever its batch, and
+only where it applies."""
 
 from __future__ import annotations
 

@@ -198,3 +198,21 @@ def test_the_steps_the_dry_run_skips_change_no_peak():
     assert ends.failures == [] and every.failures == []
     assert _peaks(ends) == _peaks(every)
     assert every.checked > ends.checked  # the skipped steps' collectives
+
+
+@pytest.mark.timeout(900)
+def test_ranks_moving_the_same_pieces_in_another_order_are_not_one_class():
+    """Generation at tp2pp2 on ranks 2-5 from a tp2 home on ranks 0-1: ranks 2 and 3 receive pieces
+    of the same shapes, but each gets the replicated norms partly from the other tp rank, so their
+    buckets come in another peer order and their messages in another order. The signature follows
+    the executor's rounds, so they are two classes, and the reduced dry run agrees with every rank's."""
+    cfg = load_config(None, [*SIZES, "cluster.devices_per_node=6"])
+    prob = problem_from_config(cfg)
+    calls = {c.name: (CallPlan(Mesh.range(2, 4), Layout(1, 2, 2), 1) if c.kind == "generate"
+                      else CallPlan(Mesh.range(0, 2), Layout(1, 2, 1), 1))
+             for c in graph_for(cfg.algo, cfg.data.samples_per_prompt).calls}
+    plan = ExecutionPlan(Cluster(1, 6), calls, "split")
+    reduced = dry_run(cfg, prob, plan)
+    assert reduced.failures == []
+    every = dry_run(cfg, prob, plan, every_rank=True)
+    assert every.failures == [] and _peaks(every) == _peaks(reduced)
