@@ -13,6 +13,12 @@ rank of every cell (|predicted - dry run| / dry run).
     python bench/dry_run_grid.py [--scales both] [--models 7B,13B] [--gens 128] [--strategies heuristic,search]
                                  [--steps 200] [--moe] [--moe-presets mixtral-8x7b]
                                  [--out docs/dry_run_grid.md]
+    python bench/dry_run_grid.py --merge PART.json [PART.json ...] [--repredict] --out docs/dry_run_grid.md
+
+Each run's .json keeps, per cell, its config overrides, the plan and the whole dry-run report (every
+simulated rank's measured peak per call), so that ``--merge --repredict`` prices the stored plans
+again after an estimator change in seconds; a dry run is needed only where a strategy now picks
+another plan.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from real_grid import GENS, SIZES, SMALL  # noqa: E402
 from meshrl.commands.plan_dry_run import errors, report  # noqa: E402
 from meshrl.config import load_config  # noqa: E402
 from meshrl.errors import UserError  # noqa: E402
+from meshrl.plan.execution_plan import ExecutionPlan  # noqa: E402
 from meshrl.plan.problem import problem_from_config  # noqa: E402
 from meshrl.plan.report import compare  # noqa: E402
 
@@ -114,9 +121,14 @@ def main() -> int:
                     help="the table (Markdown); its rows and errors also go to the same name with .json")
     ap.add_argument("--merge", nargs="+", metavar="PART.json",
                     help="write --out from the .json of earlier runs (parts of the grid run apart), run nothing")
+    ap.add_argument("--repredict", action="store_true",
+                    help="with --merge: price each stored plan again with the estimator as it is now, against its "
+                    "stored dry-run peaks (seconds, no dry run)")
     args = ap.parse_args()
     if args.merge:
         parts = [json.loads(Path(f).read_text()) for f in args.merge]
+        if args.repredict:
+            parts = [repredict(p) for p in parts]
         Path(args.out).write_text(render(parts))
         print(render(parts))
         return 0
@@ -134,20 +146,49 @@ def main() -> int:
             ap.error(f"--moe-presets: unknown {unknown[0]!r}; expected some of {[p for p, _ in MOE]}")
         todo += [("MoE", label, 64, 128, preset, preset) for preset, label in MOE if preset in wanted]
     cmd = ("python bench/dry_run_grid.py " + " ".join(sys.argv[1:])).strip()
+    cells: list[dict] = []
     for setting, label, n, gen, actor, critic in todo:
+        over = overrides(actor, critic, n, gen)
         try:
-            for strategy, plan, rep, secs in run_cell(overrides(actor, critic, n, gen), strategies, args.steps):
+            for strategy, plan, rep, secs in run_cell(over, strategies, args.steps):
                 all_errs += errors(rep)
                 rows.append(row(setting, label, n, gen, strategy, plan, rep))
+                cells.append({"cell": [setting, label, n, gen], "strategy": strategy, "steps": args.steps,
+                              "overrides": over, "plan": plan.to_dict(), "report": rep})
                 print(rows[-1], f"({secs:.0f} s)", flush=True)
-                write(args.out, {"command": cmd, "rows": rows, "errors": all_errs,
+                write(args.out, {"command": cmd, "rows": rows, "errors": all_errs, "cells": cells,
                                  "seconds": time.perf_counter() - t0, "done": False})
         except UserError as e:  # no plan fits: the cell's row says so
             rows.append(f"| {setting} | {label} | {n} | {gen} | - | - | - | - | {e} |")
             print(rows[-1], flush=True)
-    write(args.out, {"command": cmd, "rows": rows, "errors": all_errs, "seconds": time.perf_counter() - t0,
-                     "done": True})
+    write(args.out, {"command": cmd, "rows": rows, "errors": all_errs, "cells": cells,
+                     "seconds": time.perf_counter() - t0, "done": True})
     return 0
+
+
+def repredict(part: dict) -> dict:
+    """``part`` with its rows and errors re-priced by the estimator as it is now: each stored cell's
+    plan against its stored dry-run peaks (which the estimator does not change), no dry run.
+    A cell whose strategy now chooses another plan is marked: its dry run is of the old plan, and
+    only a rerun measures the new one. A part run before cells were stored keeps its rows."""
+    if "cells" not in part:
+        return part
+    rows, errs = [], []
+    for c in part["cells"]:
+        cfg = load_config(None, c["overrides"])
+        prob = problem_from_config(cfg)
+        plan = ExecutionPlan.from_dict(c["plan"])
+        rep = json.loads(json.dumps(c["report"]))
+        for name, per in prob.rank_call_memory(plan).items():
+            for x in rep["calls"][name]["ranks"]:
+                x["predicted_mem_gib"] = per[x["rank"]] / 2**30
+            rep["calls"][name]["predicted_mem_gib"] = max(per.values()) / 2**30
+        now = compare(prob, [c["strategy"]], steps=c["steps"])[0][c["strategy"]].plan
+        stale = now.calls != plan.calls
+        r = row(*c["cell"], c["strategy"], plan, rep)
+        rows.append(r[:-2] + "; the strategy now picks another plan, not dry-run yet |" if stale else r)
+        errs += errors(rep)
+    return {**part, "rows": rows, "errors": errs}
 
 
 def write(out: str, part: dict) -> None:
@@ -163,7 +204,8 @@ def render(parts: list[dict]) -> str:
     summary = (f"Over {len(errs)} (call, simulated rank) pairs: median |error| {statistics.median(errs):.1%}, "
                f"worst {max(errs):.1%}." if errs else "No cell ran.")
     runs = "\n".join(f"- `{p['command']}` ({len(p['rows'])} rows, {p['seconds']:.0f} s of wall time on a shared "
-                      f"machine{'' if p['done'] else '; stopped before its end'})" for p in parts)
+                      f"machine{'' if p['done'] else '; stopped before its end'}"
+                      f"{'; ' + p['note'] if p.get('note') else ''})" for p in parts)
     return ("# Predicted against dry-run peak memory (ReaL's grid, MoE presets)\n\n"
             + "\n".join([HEAD, "|---|---|---|---|---|---|---|---|---|", *[r for p in parts for r in p["rows"]]])
             + f"\n\n{summary}\n\nEach cell: one iteration of the plan at full size on fake tensors and fake "

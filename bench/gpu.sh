@@ -6,7 +6,10 @@
 #      (torch.cuda.max_memory_allocated);
 #   3. greedy generation tokens/s, meshrl against transformers.generate, same weights and GPU;
 #   4. `meshrl profile --gpu h200` (bf16 matmul FLOP/s, HBM bandwidth) into a profile the planner
-#      reads, and `meshrl plan` with it.
+#      reads, and `meshrl plan` with it;
+#   5. on the host's CPU cores (a core per rank, which 2-core machines lack): asynchronous RL on 4
+#      gloo ranks, 2 generating and 2 training, at k = 0, 1, 2, 4 (bench/off_policy.py, with a quick
+#      CPU profile for its predictions).
 # --dry-run runs the CPU-safe parts (tiny preset on the CPU, small sizes) to check the script itself.
 #
 #   bash bench/gpu.sh [--dry-run] [--out DIR]
@@ -35,6 +38,10 @@ if [ "$DRY" = 1 ]; then
     --gen-batch 2 --prompt-len 8 --new-tokens 8 --repeats 1 | tee "$OUT/step.json"
   python bench/gpu_step.py --preset tiny --device cpu --dtype float32 --batch 2 --seq 16 --steps 1 \
     --gen-batch 2 --prompt-len 8 --new-tokens 8 --repeats 1 --gen-compile | tee "$OUT/step_compiled.json"
+  step "asynchronous RL on 4 CPU ranks (2 iterations a lag: the script's own check)"
+  meshrl profile --quick --out "$OUT/profile-cpu.json" > /dev/null
+  MESHRL_PROFILE="$OUT/profile-cpu.json" python bench/off_policy.py --workload llama3m --nprocs 4 --iterations 6 \
+    --ks 0,2 | tee "$OUT/off_policy.txt"
   step "profile --gpu (expected to refuse on a CPU-only machine)"
   if meshrl profile --gpu h200 --out "$OUT/profile-h200.json"; then :; else echo "(no GPU: refused, as expected)"; fi
   step "done in $(( $(date +%s) - t0 )) s"
@@ -57,4 +64,8 @@ step "meshrl profile --gpu h200, then the planner with it"
 timeout 60 meshrl profile --gpu h200 --out "$OUT/profile-h200.json"
 meshrl plan cluster.device=h200 cluster.devices_per_node=8 models.actor.preset=llama2-7b \
   models.critic.preset=llama2-7b models.ref.preset=llama2-7b --strategy heuristic --profile "$OUT/profile-h200.json" | tail -12
+step "asynchronous RL on 4 CPU ranks, 2 generating and 2 training (bench/off_policy.py)"
+timeout 60 meshrl profile --quick --out "$OUT/profile-cpu.json" > /dev/null
+MESHRL_PROFILE="$OUT/profile-cpu.json" timeout 200 python bench/off_policy.py --workload llama3m --nprocs 4 \
+  --iterations 12 | tee "$OUT/off_policy.txt" || echo "(off_policy rows failed or timed out: see above)"
 step "done in $(( $(date +%s) - t0 )) s; figures in $OUT"

@@ -181,7 +181,10 @@ class Estimate:
     """Predicted cost of one call (or one realloc / transfer step, with memory fields zero).
 
     Memory is per device on the call's busiest device: ``weights`` in this call's layout, ``state``
-    (optimizer state, train calls only) and ``transient`` (gradients, activations, KV cache)."""
+    (optimizer state, train calls only) and ``transient`` (gradients, activations, KV cache).
+    ``stage_transient``: the transient need of each pipeline stage where the stages differ (1F1B
+    keeps pp - i micro-batches in flight on stage i; only the last stage holds the logits); empty:
+    every stage needs ``transient``, which is always the largest of them."""
 
     time_s: float
     flops: float = 0.0
@@ -194,10 +197,15 @@ class Estimate:
     # micro-batch's tokens travel back (estimate_generate.decode_round).
     # Where devices share cores (CPU), the simulator counts a call's busy ranks by it.
     active: float = 1.0
+    stage_transient: tuple[float, ...] = ()
 
     @property
     def mem_bytes(self) -> float:
         return self.weights_bytes + self.state_bytes + self.transient_bytes
+
+    def transient_on(self, stage: int) -> float:
+        """The transient bytes on pipeline stage ``stage`` (0-based) of the call's layout."""
+        return self.stage_transient[stage] if self.stage_transient else self.transient_bytes
 
 
 def mesh_links(mesh: Mesh, layout: Layout, devices_per_node: int) -> Links:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..layout.mesh import Layout, Mesh
 from .execution_plan import CallPlan, ExecutionPlan
-from .problem import Problem
+from .problem import Problem, rank_transients
 from .estimator import max_micro_batches
 
 
@@ -69,13 +69,13 @@ def fit_micro_batches(problem: Problem, plan: ExecutionPlan) -> ExecutionPlan:
     cap = problem.hw.mem_bytes
     calls: dict[str, CallPlan] = {}
     for name, cp in plan.calls.items():
-        worst = max(resident[r] for r in cp.mesh.ranks)
         temp = _temp_weights(problem, base, name)
         best, best_key = None, None
         for m in micro_batch_options(problem, name, cp.layout):
             cand = replace(cp, micro_batches=m)
             est = problem.call_estimate(name, cand)
-            need = worst + est.transient_bytes + temp
+            owns = rank_transients(cand, est)
+            need = temp + max(resident[r] + own for r, own in zip(cp.mesh.ranks, owns, strict=True))
             key = (need > cap, est.time_s if need <= cap else need)
             if best_key is None or key < best_key:
                 best, best_key = cand, key

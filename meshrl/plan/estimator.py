@@ -19,6 +19,8 @@ The model, per call kind (``docs/planner.md`` derives each term):
 - memory per device: bf16 weights of the largest stage / tp; a trained role adds bf16 gradients
   and 12 B/param of fp32 Adam state sharded over dp (ZeRO-1; Rajbhandari et al. 2020); plus
   activations (the tensors meshrl's layers keep for the backward, model_costs.py) and the KV cache.
+  With pp > 1 each stage is priced on its own: its layers, the micro-batches 1F1B keeps in flight
+  there (pp - i on stage i), the head's logits on the last stage only (Estimate.stage_transient).
 
 This file prices inference and training calls and dispatches; a generation call's price is in
 estimate_generate.py, the steps both build on (a micro-batch through a stage, a pipeline) in
@@ -30,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..layout.mesh import Layout
+from ..layout.mesh import Layout, stage_layers
 from .call_spec import CallSpec, Estimate, Links, RunShape, mesh_links  # noqa: F401 (the estimator's API)
 from .estimate_generate import LOGIT_BYTES, generate_turns, gen_micro_batches  # noqa: F401 (the estimator's API)
 from .estimate_steps import Ctx, add_parts, busy_share, forward_step, pipeline_time
@@ -52,10 +54,13 @@ def _inference(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     t = pipeline_time(c, m, step, parts, acc)
     seqs = spec.sequences(shape)
     flops = seqs * (s * c.mc.matmul_flops_per_token() + c.mc.attn_flops(s, s))
-    # a micro-batch's forward without autograd: the larger of a layer's working set and the head's
+    # a micro-batch's forward without autograd: a layer's working set, and on the last stage the
+    # larger of it and the head's
     dt = c.hw.dtype_bytes
-    act = b * s * max(c.mc.infer_bytes_per_token(c.lay.tp, dt), c.mc.head_bytes_per_token(c.lay.tp, dt))
-    return Estimate(t, flops, c.stage_param_bytes, 0.0, act, acc, active=busy_share(c, m))
+    layer, head = c.mc.infer_bytes_per_token(c.lay.tp, dt), c.mc.head_bytes_per_token(c.lay.tp, dt)
+    stages = tuple(b * s * (max(layer, head) if i == c.lay.pp - 1 else layer) for i in range(c.lay.pp))
+    return Estimate(t, flops, c.stage_param_bytes, 0.0, max(stages), acc, active=busy_share(c, m),
+                    stage_transient=stages if c.lay.pp > 1 else ())
 
 
 def _train(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
@@ -94,13 +99,17 @@ def _train(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     # a float32 or float64 parameter is its own master (m and v in its dtype); bf16 keeps fp32 ones
     wide = c.hw.dtype_bytes >= 4
     state = (2 * c.hw.dtype_bytes if wide else ADAM_STATE_BYTES) * n_local / c.lay.dp
-    in_flight = min(m, c.lay.pp)
     layer_act = b * s * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes, cpu=c.hw.name == "cpu")
-    if shape.activation_checkpointing:  # each layer's input kept; one layer's activations while it recomputes
-        act = in_flight * b * s * c.stage_layers * c.mc.cfg.hidden_size * c.hw.dtype_bytes + layer_act
-    else:
-        act = in_flight * c.stage_layers * layer_act
-    # the head (logits, their float32 copies and gradient) and the final norm, one micro-batch's
+
+    def activations(stage: int, layers: int) -> float:
+        """1F1B keeps pp - stage micro-batches in flight on a stage (parallel/pipeline.py)."""
+        in_flight = min(m, c.lay.pp - stage)
+        if shape.activation_checkpointing:  # each layer's input kept; one layer's activations while it recomputes
+            return in_flight * b * s * layers * c.mc.cfg.hidden_size * c.hw.dtype_bytes + layer_act
+        return in_flight * layers * layer_act
+
+    # the head (logits, their float32 copies and gradient) and the final norm, one micro-batch's, on
+    # the last stage
     logits = b * s * c.mc.head_bytes_per_token(c.lay.tp, c.hw.dtype_bytes, train=True)
     # Besides the gradients, the larger of two needs that never overlap in the runtime: the
     # backward's activations and logits; the optimizer step's buffers: fp32 copies of the gradient
@@ -110,7 +119,9 @@ def _train(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     # time, at most min(grad_bytes, bucket), never more than the gather bucket below).
     fp32_grads = 4 * n_local / c.lay.dp if not wide else 0.0
     gather = (1 + c.lay.dp) * min(grad_bytes / c.lay.dp, bucket) if c.lay.dp > 1 else 0.0
-    transient = grad_bytes + max(act + logits, fp32_grads, gather)
+    last = c.lay.pp - 1
+    stages = tuple(grad_bytes + max(activations(i, len(r)) + (logits if i == last else 0.0), fp32_grads, gather)
+                   for i, r in enumerate(stage_layers(c.mc.cfg.num_hidden_layers, c.lay.pp)))
     total = (t_mb + dp + opt) * steps
     if shape.recompute_actor and spec.role == "actor" and not spec.value_head:
         # the rollout-mismatch recompute (algo/mismatch.py): one forward over the replica's whole batch,
@@ -118,7 +129,8 @@ def _train(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
         re = _inference(c, spec, shape, min(m, max_micro_batches(replace(spec, kind="inference"), shape, c.lay))).time_s
         acc["recompute"] = re
         total += re
-    return Estimate(total, flops, c.stage_param_bytes, state, transient, acc, active=busy_share(c, m))
+    return Estimate(total, flops, c.stage_param_bytes, state, max(stages), acc, active=busy_share(c, m),
+                    stage_transient=stages if c.lay.pp > 1 else ())
 
 
 def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches: int, hw: Hardware,

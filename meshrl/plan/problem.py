@@ -169,12 +169,9 @@ class Problem:
             if self.specs[name].role in self.weightless:
                 continue
             est = self.call_estimate(name, cp)
-            extra = est.transient_bytes
-            home = plan.calls.get(homes[self.specs[name].role])
-            if home is not None and name != homes[self.specs[name].role] and cp.placement != home.placement:
-                extra += est.weights_bytes
-            for r in cp.mesh.ranks:
-                transient[r] = max(transient[r], extra)
+            copy = self._temporary_copy(plan, homes, name, cp, est)
+            for r, own in zip(cp.mesh.ranks, rank_transients(cp, est), strict=True):
+                transient[r] = max(transient[r], own + copy)
         return [a + b for a, b in zip(resident, transient, strict=True)]
 
     def call_memory(self, plan: ExecutionPlan) -> dict[str, tuple[float, int]]:
@@ -200,18 +197,30 @@ class Problem:
         out = {}
         for name, cp in plan.calls.items():
             est = self.call_estimate(name, cp)
-            extra = 0.0 if self.specs[name].role in self.weightless else est.transient_bytes
-            home = plan.calls.get(homes[self.specs[name].role])
-            if home is not None and name != homes[self.specs[name].role] and cp.placement != home.placement:
-                extra += est.weights_bytes
-            out[name] = {r: resident[r] + extra for r in cp.mesh.ranks}
+            copy = self._temporary_copy(plan, homes, name, cp, est)
+            owns = [0.0] * cp.mesh.size if self.specs[name].role in self.weightless else rank_transients(cp, est)
+            out[name] = {r: resident[r] + copy + own for r, own in zip(cp.mesh.ranks, owns, strict=True)}
         return out
+
+    def _temporary_copy(self, plan: ExecutionPlan, homes: dict, name: str, cp, est) -> float:
+        """The bytes of a call's weights held beside its role's home layout while it runs (0 where
+        the call is the home or runs in the home's placement)."""
+        home = plan.calls.get(homes[self.specs[name].role])
+        moved = home is not None and name != homes[self.specs[name].role] and cp.placement != home.placement
+        return est.weights_bytes if moved else 0.0
 
     def feasible(self, plan: ExecutionPlan) -> bool:
         return max(self.device_memory(plan)) <= self.hw.mem_bytes
 
     def iteration_flops(self, plan: ExecutionPlan) -> float:
         return sum(self.call_estimate(n, cp).flops for n, cp in plan.calls.items())
+
+
+def rank_transients(cp, est) -> list[float]:
+    """A call's transient bytes on each rank of its mesh, in mesh order: its pipeline stage's."""
+    if not est.stage_transient:
+        return [est.transient_bytes] * cp.mesh.size
+    return [est.transient_on(cp.layout.coords(i)[2]) for i in range(cp.mesh.size)]
 
 
 def model_for(spec, role: str) -> ModelConfig:

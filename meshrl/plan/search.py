@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import UserError
 from ..layout.mesh import Mesh
-from .candidates import aligned_meshes, call_layouts, micro_batch_options
+from .candidates import aligned_meshes, call_layouts, fit_micro_batches, micro_batch_options
 from .execution_plan import CallPlan, ExecutionPlan
 from .problem import Problem
 from .simulator import iteration_time
@@ -188,11 +188,24 @@ def _descend(problem: Problem, plan: ExecutionPlan, cost: float, cands: dict[str
                 cand = replace(plan, calls={**plan.calls, name: cp})
                 c = score(problem, cand, cost)
                 budget.spend()
+                if c == INFEASIBLE and cost < INFEASIBLE:
+                    # over memory beside the other calls as they are: refit their micro-batch counts
+                    # to the memory now left (fewer in flight), the one move that pairs two calls
+                    cand = _refit_others(problem, cand, name)
+                    c = score(problem, cand, cost)
+                    budget.spend()
                 if c < cost * (1 - 1e-9):
                     plan, cost, improved = cand, c, True
                 if budget.out():
                     return plan, cost
     return plan, cost
+
+
+def _refit_others(problem: Problem, plan: ExecutionPlan, keep: str) -> ExecutionPlan:
+    """``plan`` with every call but ``keep`` at the fastest micro-batch count that fits beside the
+    rest (candidates.fit_micro_batches), ``keep`` as it is."""
+    fitted = fit_micro_batches(problem, plan)
+    return replace(fitted, calls={**fitted.calls, keep: plan.calls[keep]})
 
 
 DEFAULT_STEPS = 20_000  # plan evaluations: the README's 70B example finds its plan (10.43 s) with 20k, not 10k
