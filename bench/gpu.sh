@@ -66,6 +66,6 @@ meshrl plan cluster.device=h200 cluster.devices_per_node=8 models.actor.preset=l
   models.critic.preset=llama2-7b models.ref.preset=llama2-7b --strategy heuristic --profile "$OUT/profile-h200.json" | tail -12
 step "asynchronous RL on 4 CPU ranks, 2 generating and 2 training (bench/off_policy.py)"
 timeout 60 meshrl profile --quick --out "$OUT/profile-cpu.json" > /dev/null
-MESHRL_PROFILE="$OUT/profile-cpu.json" timeout 200 python bench/off_policy.py --workload llama3m --nprocs 4 \
-  --iterations 12 | tee "$OUT/off_policy.txt" || echo "(off_policy rows failed or timed out: see above)"
+MESHRL_PROFILE="$OUT/profile-cpu.json" timeout 150 python bench/off_policy.py --workload llama3m --nprocs 4 \
+  --iterations 10 | tee "$OUT/off_policy.txt" || echo "(off_policy rows failed or timed out: see above)"
 step "done in $(( $(date +%s) - t0 )) s; figures in $OUT"
