@@ -19,7 +19,7 @@ steadier measure on a shared machine. Prints medians and TRL/meshrl (> 1: meshrl
 Precision: ``--dtype`` is meshrl's ``train.dtype`` (bfloat16: bf16 weights, fp32 master weights and
 moments); ``--trl-dtype`` TRL's (bfloat16: ``bf16=True``, TRL's own default, autocast over fp32
 weights; float32: ``bf16=False``, TRL's faster setting on a CPU). meshrl defaults to its own defaults
-(``train.dtype=auto``: float32 on a CPU; ``compile=auto``), TRL to float32.
+(``train.dtype=auto``: bfloat16 on a CPU with bf16 dot products, else float32; ``compile=auto``), TRL to float32.
 The README's headline: ``--rounds 3 --compile --dtype bfloat16`` (against TRL's default) and
 ``... --trl-dtype float32`` (against TRL's fastest).
 """
@@ -92,7 +92,7 @@ def main() -> None:
                     "(default: meshrl's own choice, compile=auto)")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"),
                     help="meshrl's train.dtype (bfloat16: bf16 weights, fp32 master weights; default: meshrl's "
-                    "own, train.dtype=auto: float32 on a CPU)")
+                    "own, train.dtype=auto: bfloat16 on a CPU with bf16 dot products, else float32)")
     ap.add_argument("--trl-dtype", choices=("float32", "bfloat16"),
                     help="TRL's precision (bfloat16: bf16=True, TRL's default, autocast); default: --dtype")
     ap.add_argument("--trl-compile", action="store_true", help="TRL with torch_compile=True (the Trainer "

@@ -47,7 +47,8 @@ def demo_output(extra: list[str] | None = None) -> list[str]:
     """The lines of a fresh `meshrl train --no-progress` on the demo (in a temporary --out)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "demo"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # the demo at the user's defaults: without the suite's float32 pin (tests/conftest.py)
+        env = {**{k: v for k, v in os.environ.items() if k != "MESHRL_CPU_BF16"}, "PYTHONPATH": str(ROOT)}
         got = subprocess.run([sys.executable, "-m", "meshrl.cli", "train", "--out", str(out), "--no-progress",
                               *(extra or [])], capture_output=True, text=True, env=env, cwd=tmp)
         if got.returncode != 0:

@@ -1,9 +1,9 @@
 """Shared test settings: single-threaded torch so several gloo ranks share 2 cores fairly (and so
 every run of the suite, one rank or many, has the same thread count whatever the machine: the
 default train.threads=0 reads $OMP_NUM_THREADS; docs/runtime.md "Determinism"), and the
-strict communication mode (meshrl/parallel/comm.py) on, inherited by every spawned rank: a tensor
-off the compute device on the data plane, or an object on a data-plane group, fails the test; and
-hypothesis without its timing checks (below)."""
+strict communication mode (meshrl/parallel/comm.py) on: a tensor off the compute device on the data
+plane, or an object on a data-plane group, fails the test; float32 as train.dtype=auto on every CPU
+(below); all three inherited by every spawned rank; and hypothesis without its timing checks (below)."""
 
 import os
 
@@ -13,6 +13,10 @@ from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MESHRL_STRICT_COMM", "1")
+# train.dtype=auto in float32 on every CPU (meshrl/cpu_features.py): the suite's tolerances between
+# plans, against transformers and against one process are float32's; the bf16 default of a CPU with
+# bf16 dot products is tested where it is named (tests/test_cpu_features.py, the README's demo block).
+os.environ.setdefault("MESHRL_CPU_BF16", "0")
 
 # Property tests check properties, not how fast their inputs are drawn: on the shared 2-core machine
 # a burst of other work made hypothesis's too_slow health check fail test_axes_partition_the_mesh

@@ -185,10 +185,10 @@ def check_plan_spec(cfg, spec: str | None, world: int) -> None:
 
 def dtype_line(name: str) -> str:
     """The header's precision line: train.dtype, and what auto chose on this machine."""
-    from ..parallel.precision import torch_dtype  # lazy: --help and `meshrl plan` load no torch
+    from ..parallel.precision import AUTO_RULE, torch_dtype  # lazy: --help and `meshrl plan` load no torch
 
     got = str(torch_dtype(name)).removeprefix("torch.")
-    return f"dtype: {got}" + (" (auto: bfloat16 on CUDA, float32 on a CPU)" if name == "auto" else "")
+    return f"dtype: {got}" + (f" ({AUTO_RULE})" if name == "auto" else "")
 
 
 def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:

@@ -39,7 +39,8 @@ class TrainConfig:
                              "this long", above=0)
     dtype: str = setting("auto", "float32 | bfloat16 (bf16 weights/activations/grads, fp32 master + AdamW moments "
                          "sharded by ZeRO-1, fp32 log-probs and losses) | float64 (CPU: everything in float64, for "
-                         "exact comparisons); auto: bfloat16 on CUDA, float32 on a CPU", choices=DTYPES)
+                         "exact comparisons); auto: bfloat16 on CUDA and on CPUs with bf16 dot products "
+                         "(AVX512-BF16, AMX), float32 on other CPUs", choices=DTYPES)
     activation_checkpointing: bool = setting(False, "recompute each layer's activations in the backward")
     grad_bucket_mb: float = setting(25.0, "data-parallel gradient all-reduce bucket, MiB (PyTorch DDP's default)",
                                     above=0)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import cpu_features
 from . import worst_case
 from .batch_layout import KVCache
 
@@ -71,10 +72,11 @@ def pack_projections(weight: torch.Tensor) -> bool:
 
 
 def native_bf16() -> bool:
-    """Whether this CPU has bf16 dot products (AVX512-BF16 or AMX): there oneDNN's packed bf16
-    matmul of a decode step's rows beats the unpacked one as in float32 (docs/model.md "bf16 on a
-    CPU"); without them bf16 is emulated and the fused projections are the better path."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    """Whether this CPU has bf16 dot products (AVX512-BF16 or AMX; meshrl/cpu_features.py): there
+    oneDNN's packed bf16 matmul of a decode step's rows beats the unpacked one as in float32
+    (docs/model.md "bf16 on a CPU"); without them bf16 is emulated and the fused projections are
+    the better path."""
+    return cpu_features.native_bf16()
 
 
 class Packed:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..algo.graph import Graph
 from ..cores import rank_threads
+from ..cpu_features import bf16_by_default
 from ..errors import UserError
 from ..config.models import own_model, role_spec
 from ..model.config import ModelConfig
@@ -258,6 +259,8 @@ def problem_from_config(cfg, profile: str | None = None, off_policy: int | None 
     hw = get_hardware(cfg.cluster.device, cfg.cluster.devices_per_node, profile,
                       rank_threads(threads, cfg.cluster.devices_per_node)[0])
     dtype = getattr(getattr(cfg, "train", None), "dtype", "auto")
+    if dtype == "auto" and cfg.cluster.device == "cpu":  # as the runtime picks it (meshrl/parallel/precision.py)
+        dtype = "bfloat16" if bf16_by_default() else "float32"
     if dtype in DTYPE_BYTES:  # train.dtype set: weights, gradients and activations in it (auto: the device's)
         hw = dataclasses.replace(hw, dtype_bytes=DTYPE_BYTES[dtype])
     auto = cfg.train.off_policy == "auto" and off_policy is None

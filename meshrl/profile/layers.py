@@ -131,11 +131,13 @@ def _model_times(models: tuple, cfg: ModelConfig, tokens: tuple[int, ...], batch
     return out
 
 
-def measure_layer(cfg: ModelConfig, tokens: tuple[int, ...], batches: tuple[int, ...], reps: int) -> dict:
+def measure_layer(cfg: ModelConfig, tokens: tuple[int, ...], batches: tuple[int, ...], reps: int,
+                  dtype: torch.dtype = torch.float32) -> dict:
     """Per-layer and fixed (embedding, head, log-probs, masks, sampling) costs of ``cfg``'s width,
     from the same measurements on a 1-layer and a DEEP-layer model: layer = (tD - t1) / (DEEP - 1),
-    fixed = t1 - layer."""
-    models = (build_model(cfg.replace(num_hidden_layers=1)), build_model(cfg.replace(num_hidden_layers=DEEP)))
+    fixed = t1 - layer. The models' weights are in ``dtype``."""
+    models = (build_model(cfg.replace(num_hidden_layers=1)).to(dtype),
+              build_model(cfg.replace(num_hidden_layers=DEEP)).to(dtype))
     times = _model_times(models, cfg, tokens, batches, reps)
     res: dict = {"layer_params": sum(_numel(s) for k, s in param_shapes(cfg).items()
                                      if k.startswith("model.layers.0.")),
@@ -154,15 +156,15 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def measure_layers(quick: bool, reps: int) -> dict[str, dict]:
-    """{hidden size: fits} for every profiled width, measured on one thread."""
+def measure_layers(quick: bool, reps: int, dtype: torch.dtype = torch.float32) -> dict[str, dict]:
+    """{hidden size: fits} for every profiled width, measured on one thread in ``dtype``."""
     tokens = (16, 128) if quick else (16, 128, 512)
     batches = (1, 16) if quick else (1, 8, 64)
     out = {}
     with torch.random.fork_rng():
         torch.manual_seed(0)
         for cfg in width_configs(quick).values():
-            out[str(cfg.hidden_size)] = measure_layer(cfg, tokens, batches, reps)
+            out[str(cfg.hidden_size)] = measure_layer(cfg, tokens, batches, reps, dtype)
     return out
 
 

@@ -3,7 +3,8 @@ collective latency and bandwidth by group size, and how its cores are shared bet
 (meshrl/profile/cores.py), written as the JSON the planner reads (meshrl/plan/hardware.py:
 ``from_profile``).
 
-Compute is measured with one thread, in fp32 (the CPU dtype), and the speedup of more threads per
+Compute is measured with one thread, in the dtype a run on this CPU takes at ``train.dtype=auto``
+(bf16 with bf16 dot products, else fp32: meshrl/parallel/precision.py), and the speedup of more threads per
 rank separately (meshrl/profile/threads.py): a rank of a run gets ``train.threads``
 threads, by default the usable cores split between the machine's ranks (meshrl/cores.py), and the
 planner scales the one-thread figures by the measured speedup for that count.
@@ -27,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import UserError
+from ..parallel.precision import torch_dtype
 from .compile import measure_compile
 from .cores import measure_cores
 from .host import measure_host_gap
@@ -42,12 +44,12 @@ PG_TIMEOUT_S = 60
 SIZES = (4096, 1 << 18, 1 << 22)  # bytes per rank: from latency-bound to bandwidth-bound
 
 
-def measure_matmul(hidden: tuple[int, ...], reps: int) -> dict[str, float]:
-    """FLOP/s of [tokens, h] x [h, 4h / 3 * 2] (a decoder MLP's shape) per hidden size."""
+def measure_matmul(hidden: tuple[int, ...], reps: int, dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """FLOP/s of [tokens, h] x [h, 4h / 3 * 2] (a decoder MLP's shape) per hidden size, in ``dtype``."""
     out = {}
     for h in hidden:
         tokens = 256
-        a, b = torch.randn(tokens, h), torch.randn(h, max(8, (8 * h) // 3))
+        a, b = torch.randn(tokens, h, dtype=dtype), torch.randn(h, max(8, (8 * h) // 3), dtype=dtype)
         t = median_time(lambda a=a, b=b: a @ b, reps)
         out[str(h)] = 2.0 * a.shape[0] * a.shape[1] * b.shape[1] / t
     return out
@@ -129,12 +131,13 @@ def measure_collectives(world: int, reps: int, timeout_s: float, sizes: tuple[in
 def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
     """The profile dict (see meshrl/plan/hardware_profile.py: from_profile)."""
     reps = 2 if quick else 5
+    dtype = torch_dtype("auto", cuda=False)  # what a run on this CPU computes in
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        matmul = measure_matmul(HIDDEN_QUICK if quick else HIDDEN_FULL, reps)
+        matmul = measure_matmul(HIDDEN_QUICK if quick else HIDDEN_FULL, reps, dtype)
         mem_bw = measure_mem_bw((16 if quick else 256) << 20, reps)
-        layers = measure_layers(quick, reps)  # 1- and DEEP-layer models timed alternately
+        layers = measure_layers(quick, reps, dtype)  # 1- and DEEP-layer models timed alternately
         optimizer = measure_optimizer(reps, mem_bw)  # per tensor: the runtime AdamW's kernels and Python
         # compiled / eager per layer (train.compile, gen.compile); not in --quick: the compiles take minutes
         compiled = {} if quick else {"compile": measure_compile(reps)}
@@ -152,7 +155,8 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
     host_gap = measure_host_gap(quick, timeout_s)  # the runtime's host time per call
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"version": 1, "device": "cpu", "host": platform.node(), "cpus": os.cpu_count(), **cores,
-            "torch": torch.__version__, "dtype": "float32", "dtype_bytes": 4,
+            "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."),
+            "dtype_bytes": dtype.itemsize,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": quick,
             "matmul": matmul, "layers": layers, "mem_bw": mem_bw, "mem_bytes": mem, "collectives": colls,
             "pipeline": pipeline, "optimizer": optimizer, "host_gap": host_gap, "thread_scaling": scaling,

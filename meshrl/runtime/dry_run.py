@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed import distributed_c10d as c10d
 
 from ..config import Config
+from ..cpu_features import bf16_by_default
 from ..errors import UserError
 from ..model.config import param_shapes
 from ..plan.execution_plan import ExecutionPlan
@@ -104,7 +105,8 @@ class RankRun:
 
 def dry_config(cfg: Config) -> Config:
     """The config a dry run executes: one iteration, no SFT warm-up, no evaluation file, nothing
-    compiled, and ``train.dtype=auto`` as the cluster's devices take it (bf16 on a GPU)."""
+    compiled, and ``train.dtype=auto`` as the cluster's devices take it (bf16 on a GPU; on a CPU
+    cluster as this CPU takes it: meshrl/cpu_features.py)."""
     cfg = copy.deepcopy(cfg)
     cfg.train.iterations = 1
     cfg.sft.warmup = False
@@ -112,7 +114,8 @@ def dry_config(cfg: Config) -> Config:
     cfg.train.compile = False
     cfg.gen.compile = False
     if cfg.train.dtype == "auto":
-        cfg.train.dtype = "float32" if cfg.cluster.device == "cpu" else "bfloat16"
+        cpu32 = cfg.cluster.device == "cpu" and not bf16_by_default()
+        cfg.train.dtype = "float32" if cpu32 else "bfloat16"
     return cfg
 
 

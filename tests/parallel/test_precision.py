@@ -99,7 +99,7 @@ def test_checkpoint_keeps_the_master_weights():
 
 
 def test_train_dtype_key():
-    assert torch_dtype("auto", cuda=False) == torch.float32
+    assert torch_dtype("auto", cuda=False, bf16_cpu=False) == torch.float32
     assert torch_dtype("auto", cuda=True) == torch.bfloat16
     assert load_config(None, ["train.dtype=bfloat16"]).train.dtype == "bfloat16"
     with pytest.raises(UserError, match="train.dtype"):

@@ -1,0 +1,57 @@
+"""What this machine's CPU computes natively, as the defaults that depend on it ask.
+
+Pure Python (no torch): the planner prices a CPU run in the dtype the runtime will pick
+(meshrl/plan/problem.py), and ``meshrl plan`` loads no torch.
+
+``native_bf16``: the CPU has bf16 dot-product instructions (AVX512-BF16, or AMX's bf16 tiles), so
+oneDNN's bf16 matmuls run at up to twice the float32 rate instead of converting to float32 first.
+There ``train.dtype=auto`` is bfloat16 (meshrl/parallel/precision.py) and a decode step's bf16
+projections are packed for oneDNN (meshrl/model/decode_weights.py). The flags are the kernel's
+names for the CPUID bits torch's own check reads (``torch.cpu._is_avx512_bf16_supported``).
+
+``$MESHRL_CPU_BF16`` (``1`` / ``0``) overrides what ``train.dtype=auto`` takes on a CPU (not which
+kernels run): ``0`` keeps float32 on a CPU with bf16 dot products, as the test suite does
+(tests/conftest.py) for its float32 tolerances; ``train.dtype=float32`` pins one run.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import UserError
+
+CPUINFO = Path("/proc/cpuinfo")
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+ENV = "MESHRL_CPU_BF16"
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
+    """The first CPU's ``flags`` in /proc/cpuinfo (empty where there is none: not Linux)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+@lru_cache(maxsize=None)
+def native_bf16(cpuinfo: Path = CPUINFO) -> bool:
+    """Whether this CPU has bf16 dot products (AVX512-BF16 or AMX-BF16)."""
+    return any(f in cpu_flags(cpuinfo) for f in BF16_FLAGS)
+
+
+def bf16_by_default(env: dict[str, str] | None = None) -> bool:
+    """Whether ``train.dtype=auto`` is bfloat16 on this CPU: ``$MESHRL_CPU_BF16`` where set, else
+    ``native_bf16()``."""
+    raw = (os.environ if env is None else env).get(ENV, "").strip()
+    if raw in ("0", "1"):
+        return raw == "1"
+    if raw:
+        raise UserError(f"${ENV} must be 1 (bf16 by default on this CPU) or 0 (float32), got {raw!r}")
+    return native_bf16()
