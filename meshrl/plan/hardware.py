@@ -137,7 +137,7 @@ class Hardware:
     inter_lat: float
     devices_per_node: int
     base_lat: float = NCCL_BASE_LAT
-    dtype_bytes: int = 2  # bytes per weight / activation element: bf16 on GPUs, fp32 on CPU
+    dtype_bytes: int = 2  # bytes per weight / activation element: bf16 on GPUs, the profile's dtype on a CPU
     sources: dict[str, str] = field(default_factory=dict)
     matmul: tuple[tuple[int, float], ...] = ()
     measured: dict[str, dict[int, LinkFit]] = field(default_factory=dict)
