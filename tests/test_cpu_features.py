@@ -67,3 +67,12 @@ def test_the_planner_prices_a_cpu_run_in_the_dtype_the_runtime_takes(tmp_path, m
         assert problem.problem_from_config(pinned, str(prof)).hw.dtype_bytes == problem.DTYPE_BYTES["float32"]
     gpu = load_config(None, ["cluster.device=h100-80g"])
     assert problem.problem_from_config(gpu).hw.dtype_bytes == 2
+
+
+def test_a_bad_setting_stops_meshrl_train_before_it_writes_anything(tmp_path, monkeypatch, capsys):
+    from meshrl.cli import main
+
+    monkeypatch.setenv(ENV, "yes")
+    out = tmp_path / "run"
+    assert main(["train", "train.iterations=1", "--out", str(out), "--no-progress"]) != 0
+    assert ENV in capsys.readouterr().err and not out.exists()

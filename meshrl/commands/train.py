@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..cpu_features import bf16_by_default
 from ..errors import UserError
 from .config_help import config_epilog
 from ..config import dump_yaml
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--nprocs must be >= 1, got {args.nprocs}")
     check_inputs(cfg)  # every model, dataset and rule now, before any warm-up or rank starts
     check_plan_spec(cfg, args.plan, args.nprocs or 1)
+    bf16_by_default()  # a bad $MESHRL_CPU_BF16 stops the run here, before OUT holds anything
     if rank0:
         if args.overwrite:
             clear_run(out)
