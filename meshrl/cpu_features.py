@@ -55,3 +55,10 @@ def bf16_by_default(env: dict[str, str] | None = None) -> bool:
     if raw:
         raise UserError(f"${ENV} must be 1 (bf16 by default on this CPU) or 0 (float32), got {raw!r}")
     return native_bf16()
+
+
+def auto_dtype(gpu: bool, bf16_cpu: bool | None = None) -> str:
+    """``train.dtype=auto`` as a dtype name: bfloat16 on a GPU or on a CPU with ``bf16_cpu``
+    (default: ``bf16_by_default()``), else float32. The one rule the runtime, the planner and the
+    dry run share."""
+    return "bfloat16" if gpu or (bf16_by_default() if bf16_cpu is None else bf16_cpu) else "float32"

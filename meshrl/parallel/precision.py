@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cpu_features import bf16_by_default
+from ..cpu_features import auto_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -20,9 +20,7 @@ def torch_dtype(name: str, cuda: bool | None = None, bf16_cpu: bool | None = Non
     available) or on a CPU with ``bf16_cpu`` (default: ``bf16_by_default()``: bf16 dot products, or
     ``$MESHRL_CPU_BF16``), else float32."""
     if name == "auto":
-        cuda = torch.cuda.is_available() if cuda is None else cuda
-        bf16_cpu = bf16_by_default() if bf16_cpu is None else bf16_cpu
-        return torch.bfloat16 if cuda or bf16_cpu else torch.float32
+        name = auto_dtype(torch.cuda.is_available() if cuda is None else cuda, bf16_cpu)
     return DTYPES[name]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..algo.graph import Graph
 from ..cores import rank_threads
-from ..cpu_features import bf16_by_default
+from ..cpu_features import auto_dtype
 from ..errors import UserError
 from ..config.models import own_model, role_spec
 from ..model.config import ModelConfig
@@ -259,9 +259,9 @@ def problem_from_config(cfg, profile: str | None = None, off_policy: int | None 
     hw = get_hardware(cfg.cluster.device, cfg.cluster.devices_per_node, profile,
                       rank_threads(threads, cfg.cluster.devices_per_node)[0])
     dtype = getattr(getattr(cfg, "train", None), "dtype", "auto")
-    if dtype == "auto" and cfg.cluster.device == "cpu":  # as the runtime picks it (meshrl/parallel/precision.py)
-        dtype = "bfloat16" if bf16_by_default() else "float32"
-    if dtype in DTYPE_BYTES:  # train.dtype set: weights, gradients and activations in it (auto: the device's)
+    if dtype == "auto":  # as the runtime picks it on the cluster's devices
+        dtype = auto_dtype(gpu=cfg.cluster.device != "cpu")
+    if dtype in DTYPE_BYTES:  # weights, gradients and activations in it
         hw = dataclasses.replace(hw, dtype_bytes=DTYPE_BYTES[dtype])
     auto = cfg.train.off_policy == "auto" and off_policy is None
     off_policy = (0 if auto else cfg.train.off_policy) if off_policy is None else off_policy

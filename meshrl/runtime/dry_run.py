@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed import distributed_c10d as c10d
 
 from ..config import Config
-from ..cpu_features import bf16_by_default
+from ..cpu_features import auto_dtype
 from ..errors import UserError
 from ..model.config import param_shapes
 from ..plan.execution_plan import ExecutionPlan
@@ -114,8 +114,7 @@ def dry_config(cfg: Config) -> Config:
     cfg.train.compile = False
     cfg.gen.compile = False
     if cfg.train.dtype == "auto":
-        cpu32 = cfg.cluster.device == "cpu" and not bf16_by_default()
-        cfg.train.dtype = "float32" if cpu32 else "bfloat16"
+        cfg.train.dtype = auto_dtype(gpu=cfg.cluster.device != "cpu")
     return cfg
 
 
