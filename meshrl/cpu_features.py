@@ -5,8 +5,9 @@ Pure Python (no torch): the planner prices a CPU run in the dtype the runtime wi
 
 ``native_bf16``: the CPU has bf16 dot-product instructions (AVX512-BF16, or AMX's bf16 tiles), so
 oneDNN's bf16 matmuls run at up to twice the float32 rate instead of converting to float32 first.
-There ``train.dtype=auto`` is bfloat16 (meshrl/parallel/precision.py) and a decode step's bf16
-projections are packed for oneDNN (meshrl/model/decode_weights.py). The flags are the kernel's
+There ``train.dtype=auto`` is bfloat16 (meshrl/parallel/precision.py), a decode step's bf16
+projections are packed for oneDNN (meshrl/model/decode_weights.py), and bf16 attention runs as
+bf16 matmuls over short sequences (``short_attention``). The flags are the kernel's
 names for the CPUID bits torch's own check reads (``torch.cpu._is_avx512_bf16_supported``).
 
 ``$MESHRL_CPU_BF16`` (``1`` / ``0``) overrides what ``train.dtype=auto`` takes on a CPU (not which
@@ -23,6 +24,13 @@ from pathlib import Path
 from .errors import UserError
 
 CPUINFO = Path("/proc/cpuinfo")
+# The longest key length at which bf16 attention over whole sequences (training, reference /
+# critic inference, a prefill) runs on such a CPU as two bf16 matmuls and a float32 softmax over the
+# materialised scores (model/transformer.py short_attention) instead of SDPA's flash kernel on
+# float32 copies, whose blocking is built for long sequences: `python bench/short_attention.py`
+# measures the crossover (docs/model.md "Short attention"); the estimator prices the scores
+# (plan/model_costs.py).
+SHORT_ATTENTION_KEYS = 128
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 ENV = "MESHRL_CPU_BF16"
 
@@ -44,6 +52,12 @@ def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
 def native_bf16(cpuinfo: Path = CPUINFO) -> bool:
     """Whether this CPU has bf16 dot products (AVX512-BF16 or AMX-BF16)."""
     return any(f in cpu_flags(cpuinfo) for f in BF16_FLAGS)
+
+
+def short_attention(bf16: bool, keys: int) -> bool:
+    """Whether attention over ``keys`` keys runs as short_attention on this CPU: bf16 on a CPU with
+    bf16 dot products, at most SHORT_ATTENTION_KEYS keys."""
+    return bf16 and 0 < keys <= SHORT_ATTENTION_KEYS and native_bf16()
 
 
 def bf16_by_default(env: dict[str, str] | None = None) -> bool:

@@ -25,6 +25,7 @@ from .config import ModelConfig
 from .hf_save import DEFAULT_MAX_SHARD_BYTES, save_pretrained
 from .moe import SparseMoE
 from .rope import rope_cos_sin
+from .. import cpu_features
 from . import worst_case
 from .numerics import wide
 
@@ -55,9 +56,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + _rotate_half(x) * sin
 
 
-WIDE_DTYPES = (torch.float32, torch.float64)
-
-
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """A CPU decode step's attention: q [B, Hkv, g, D] (the g query heads of each KV head), k, v
     [B, Hkv, T, D], mask [B, 1, 1, T] boolean (True = attend) -> [B, Hkv, g, D].
@@ -65,7 +63,36 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     for long query blocks) costs about twice as much (docs/model.md "Decode attention"). Every
     (row, head) is its own small matmul, so a row gets the same bits in any batch."""
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
-    return torch.matmul(scores.masked_fill_(mask.logical_not(), float("-inf")).softmax(-1), v)
+    return torch.matmul(_softmax(scores.masked_fill_(mask.logical_not(), float("-inf"))), v)
+
+
+def _softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over keys in float32 at least, cast back to the scores' dtype (as HF's eager
+    attention: bf16 scores, float32 probabilities, bf16 into the value matmul)."""
+    return scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
+
+
+def short_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    causal: bool) -> torch.Tensor:
+    """Attention as two matmuls and a softmax, the score matrix materialised: q [B, Hq, S, D], k,
+    v [B, Hkv, T, D] (each KV head serves Hq/Hkv query heads), mask [B, 1, S, T] boolean (True =
+    attend) or None: then ``causal`` (query i sees keys 0..i, S = T) or every key. -> [B, Hq, S, D].
+    bf16 attention over short sequences on a CPU with bf16 dot products (cpu_features.short_attention),
+    where SDPA's flash kernel, built for long ones, is the slower; numerically HF's eager attention
+    (scores in the inputs' dtype, softmax in float32). The mask is applied by torch.where, which
+    keeps the one mask every layer shares for the backward, not a copy per layer."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if mask is None and causal:
+        s, t = scores.shape[-2:]
+        mask = torch.ones(s, t, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = torch.where(mask, scores, float("-inf"))
+    probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    del scores  # before the cast: per (query, key) the float32 probabilities and their cast at most
+    return torch.matmul(probs.to(q.dtype), v)
 
 
 class Attention(nn.Module):
@@ -122,15 +149,21 @@ class Attention(nn.Module):
         # this without materialising repeated K/V (a full copy of the cache at every decode step,
         # a large share of a CPU decode step: docs/model.md "Generation").
         gqa = q.shape[1] != k.shape[1]
-        cpu_wide = worst_case.device_type(q) == "cpu" and q.dtype in WIDE_DTYPES
-        if q_len == 1 and mask is not None and (gqa or cpu_wide):
+        # a CPU's own attention kernels below: float32 / float64, and bf16 where the CPU has bf16
+        # dot products (meshrl/cpu_features.py); elsewhere SDPA
+        own = worst_case.device_type(q) == "cpu" and (q.dtype in (torch.float32, torch.float64) or (
+            q.dtype == torch.bfloat16 and cpu_features.native_bf16()))
+        if q_len == 1 and mask is not None and (gqa or own):
             # A decode step: the g query heads of a KV head become g queries of one head, so the
-            # kernel loops over B x Hkv heads instead of B x Hq; on a CPU in float32 / float64 it is
-            # decode_attention, elsewhere SDPA (docs/model.md "Decode attention").
+            # kernel loops over B x Hkv heads instead of B x Hq; on a CPU it is decode_attention,
+            # elsewhere SDPA (docs/model.md "Decode attention").
             # out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
             grouped = q.reshape(b, k.shape[1], -1, self.head_dim)
-            out = (decode_attention(grouped, k, v, mask) if cpu_wide
+            out = (decode_attention(grouped, k, v, mask) if own
                    else F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)).reshape(b, 1, -1)
+        elif own and cpu_features.short_attention(q.dtype == torch.bfloat16, k.shape[2]):
+            # The last query alone sees every key (not causal); docs/model.md "Short attention".
+            out = short_attention(q, k, v, mask, causal=not last).transpose(1, 2).reshape(b, q_len, -1)
         else:
             dtype = q.dtype
             if worst_case.device_type(q) == "cpu" and dtype in (torch.bfloat16, torch.float16):

@@ -146,7 +146,8 @@ def generate(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     kv_len = shape.prompt_len + shape.mean_len if shape.compact else shape.seq_len
     kv = s_dp * kv_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     logits = bm * mc.out_width / c.lay.tp * LOGIT_BYTES
-    prefill_act = bm * shape.prompt_len * mc.infer_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
+    prefill_act = bm * shape.prompt_len * mc.infer_bytes_per_token(c.lay.tp, c.hw.dtype_bytes, cpu=c.hw.name == "cpu",
+                                                                   keys=shape.prompt_len)
     if c.hw.name == "cpu" and c.hw.dtype_bytes == 2:  # bf16 decoding on a CPU fuses q|k|v and gate|up: copies
         prefill_act += mc.fused_decode_bytes(c.lay.pp, c.lay.tp, c.hw.dtype_bytes)
     elif c.hw.name == "cpu" and c.hw.dtype_bytes == 4 and not c.gen_compiled and not shape.engine_copy:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .. import cpu_features
 from ..model.config import ModelConfig, active_params, num_params, param_shapes
 
 BF16 = 2  # bytes per parameter / activation element in mixed precision
@@ -84,7 +85,7 @@ class ModelCosts:
         heads = max(1, self.cfg.num_key_value_heads // tp)
         return 2 * heads * self.cfg.head_dim * dtype_bytes
 
-    def act_bytes_per_token_layer(self, tp: int, dtype_bytes: int = BF16, cpu: bool = False) -> float:
+    def act_bytes_per_token_layer(self, tp: int, dtype_bytes: int = BF16, cpu: bool = False, keys: int = 0) -> float:
         """Activation memory a training forward keeps for the backward, per token per layer on one
         TP rank, as the runtime's layers keep it (model/transformer.py, moe.py; no sequence
         parallelism, no dropout): each RMSNorm its float32 input, its normalised output cast back
@@ -97,14 +98,19 @@ class ModelCosts:
         them take every token. (Korthikanti et al. 2022's h(10 + 24/t) counts a GPT layer in bf16
         with 2-byte LayerNorm inputs, a 4h GeLU MLP and dropout masks: not this layer.) ``cpu``: bf16
         attention on a CPU runs in float32 (model/transformer.py): SDPA keeps float32 q, k, v and
-        output, and o_proj the output cast back."""
+        output, and o_proj the output cast back; over at most cpu_features.SHORT_ATTENTION_KEYS
+        ``keys`` (the row length) on a CPU with bf16 dot products it is short_attention instead,
+        which keeps the rotated q, the key and value heads repeated to the query heads, the
+        float32 probabilities and their bf16 cast per (query, key), and o_proj's input."""
         cfg, dt, w = self.cfg, dtype_bytes, max(4, dtype_bytes)
         h = cfg.hidden_size
         q, kv = cfg.q_size / tp, max(1, cfg.num_key_value_heads // tp) * cfg.head_dim
         norms = 2 * ((w + 2 * dt) * h + 4)  # + the float32 rsqrt of each row
         heads = cfg.q_size / cfg.head_dim / tp
         attn = (2 * q + 2 * kv) * dt + 4 * heads
-        if cpu and dt < 4:
+        if cpu and dt == 2 and cpu_features.short_attention(True, keys):
+            attn = 4 * q * dt + heads * keys * (4 + dt)
+        elif cpu and dt < 4:
             attn = (2 * q + 2 * kv) * 4 + q * dt + 4 * heads
         if cfg.qk_norm:  # per head: float32 copy, cast back, rsqrt
             attn += (w + dt) * (q + kv) + 4 * (heads + kv / cfg.head_dim)
@@ -128,13 +134,16 @@ class ModelCosts:
         n = cfg.num_hidden_layers
         return (n_moe * moe + (n - n_moe) * dense(cfg.intermediate_size / tp)) / n
 
-    def infer_bytes_per_token(self, tp: int, dtype_bytes: int = BF16) -> float:
+    def infer_bytes_per_token(self, tp: int, dtype_bytes: int = BF16, cpu: bool = False, keys: int = 0) -> float:
         """The most bytes per token one decoder layer holds at once in a forward without autograd
         (inference, a prefill), as model/transformer.py runs it: the layer's input (the caller
         holds it), the attention output and the residual sum, then the larger of the
         post-attention RMSNorm's float32 copy and square, the MLP's three intermediates beside
         the normalised input, or attention's q, k, v and rotation temporaries (the rotated q
-        and k beside the originals: 4 q + 2 kv widths); and rope's cos and sin."""
+        and k beside the originals: 4 q + 2 kv widths); and rope's cos and sin. ``cpu`` and
+        ``keys`` as act_bytes_per_token_layer's: short_attention holds the key and value heads
+        repeated to the query heads and, per (query, key), the masked scores, their float32 copy
+        and the float32 probabilities softmax computes from it."""
         cfg, dt, w = self.cfg, dtype_bytes, max(4, dtype_bytes)
         h = cfg.hidden_size
         copy = w if dt < w else 0  # float32 copy of a bf16 tensor (none when it is already float32)
@@ -143,6 +152,9 @@ class ModelCosts:
         attn = 2 * dt * h + (4 * q + 2 * kv) * dt
         if cfg.qk_norm:  # q's RMSNorm over heads: its float32 copy and square beside q, k and v
             attn = max(attn, 2 * dt * h + (q + 2 * kv) * dt + (copy + w) * q)
+        if cpu and dt == 2 and cpu_features.short_attention(True, keys):
+            heads = cfg.q_size / cfg.head_dim / tp
+            attn = max(attn, 2 * dt * h + (3 * q + 2 * kv) * dt + heads * keys * (dt + 8))
         if cfg.num_experts:
             # one expert at a time, every token: beside the four above, the block's output, the
             # previous expert's output, this one's input copy and three intermediates; the router's

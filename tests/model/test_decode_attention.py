@@ -39,3 +39,15 @@ def test_a_row_gets_the_same_bits_in_any_batch():
     for rows in ([1], [0, 1, 2], list(range(1, 17))):
         part = decode_attention(q[rows], k[rows], v[rows], mask[rows])
         assert torch.equal(part, full[rows]), rows
+
+
+def test_bf16_decode_attention_takes_its_softmax_in_float32():
+    """bf16 scores, float32 probabilities cast back (HF's eager attention): within bf16's rounding of
+    the float64 attention of the same inputs, and exactly the formula's bits."""
+    q, k, v, mask = _inputs(4, 37, torch.bfloat16)
+    out = decode_attention(q, k, v, mask)
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), exact, rtol=0, atol=3e-2)
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(64 ** -0.5).masked_fill_(~mask, float("-inf"))
+    assert torch.equal(out, torch.matmul(scores.softmax(-1, dtype=torch.float32).to(torch.bfloat16), v))

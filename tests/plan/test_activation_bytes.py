@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from meshrl import cpu_features
 from meshrl.model import worst_case
 from meshrl.model.presets import get_preset
 from meshrl.model.transformer import Backbone
@@ -29,9 +30,10 @@ def _cfg(preset: str, layers: int = 3):
     return dataclasses.replace(get_preset(preset), num_hidden_layers=layers)
 
 
-def _measure(cfg, dtype: torch.dtype, grad: bool, device: str | None = "cuda") -> tuple[float, float]:
+def _measure(cfg, dtype: torch.dtype, grad: bool, device: str | None = "cuda", s: int = S) -> tuple[float, float]:
     """-> (bytes kept after a forward of the layers with autograd, peak above the input without);
-    ``device``: the device type the model code's branches take (None: the CPU the tensors are on)."""
+    ``device``: the device type the model code's branches take (None: the CPU the tensors are on);
+    ``s``: the sequence length."""
     before = torch.get_default_dtype()
     with FakeTensorMode(), FakeRank() as counter, worst_case.worst_case(device=device):
         torch.set_default_dtype(dtype)  # fake weights of the dtype, made so (fake storages can't be cast in place)
@@ -40,7 +42,7 @@ def _measure(cfg, dtype: torch.dtype, grad: bool, device: str | None = "cuda") -
         finally:
             torch.set_default_dtype(before)
         model.embed_tokens, model.norm = None, None  # the decoder layers alone
-        x = torch.randn(B, S, cfg.hidden_size, dtype=dtype, requires_grad=grad)
+        x = torch.randn(B, s, cfg.hidden_size, dtype=dtype, requires_grad=grad)
         base = counter.live
         counter.start_window()
         with torch.set_grad_enabled(grad):
@@ -75,9 +77,11 @@ def test_forward_without_autograd_peaks_where_the_estimator_says(preset, dtype):
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
-def test_the_fused_decoding_copies_of_bf16_on_a_cpu_are_priced(preset):
+def test_the_fused_decoding_copies_of_bf16_on_a_cpu_are_priced(preset, monkeypatch):
     """Generation in bf16 on a CPU copies each layer's q|k|v and gate|up weights (model/decode_weights.py
-    fused_weights): the estimator adds those bytes to a generate call there, and only there."""
+    fused_weights): the estimator adds those bytes to a generate call there, and only there (on a
+    CPU without bf16 dot products, whose prefill attention is SDPA's, as on the GPU)."""
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: False)
     from meshrl.layout.mesh import Layout
     from meshrl.model.decode_weights import fused_weights
     from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
@@ -132,6 +136,23 @@ def test_bf16_attention_on_a_cpu_keeps_float32_copies():
     kept = _measure(cfg, torch.bfloat16, grad=True, device=None)[0] / (B * S * cfg.num_hidden_layers)
     want = model_costs(cfg).act_bytes_per_token_layer(1, 2, cpu=True)
     assert kept == pytest.approx(want, rel=0.04) and want > model_costs(cfg).act_bytes_per_token_layer(1, 2)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama3", "tiny-qwen3"])
+def test_short_bf16_attention_on_a_cpu_is_priced(preset, monkeypatch):
+    """On a CPU with bf16 dot products, bf16 attention over at most SHORT_ATTENTION_KEYS keys is
+    short_attention (model/transformer.py), which keeps its score matrices: the estimator counts
+    them per (query, key), with autograd and without, at the row length it is given (the test
+    runs on any CPU: fake tensors run no kernel, so the CPU only decides the branch)."""
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: True)
+    cfg, s = _cfg(preset), cpu_features.SHORT_ATTENTION_KEYS // 2
+    kept, peak = _measure(cfg, torch.bfloat16, grad=True, device=None, s=s)[0], _measure(
+        cfg, torch.bfloat16, grad=False, device=None, s=s)[1]
+    mc = model_costs(cfg)
+    want = mc.act_bytes_per_token_layer(1, 2, cpu=True, keys=s)
+    assert kept / (B * s * cfg.num_hidden_layers) == pytest.approx(want, rel=0.04)
+    assert want > mc.act_bytes_per_token_layer(1, 2, cpu=True, keys=4 * s)  # past the bound: SDPA's
+    assert peak / (B * s) == pytest.approx(mc.infer_bytes_per_token(1, 2, cpu=True, keys=s), rel=0.05)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
