@@ -1,7 +1,7 @@
 """A CPU's attention over whole sequences (training, reference / critic inference, a prefill):
 meshrl's ``transformer.short_attention`` (two matmuls and a softmax over the materialised scores)
 against SDPA's flash kernel, side by side in one run, forward and forward + backward, at each
-sequence length: where the crossover lies that ``transformer.short_keys`` encodes.
+sequence length: where the crossover lies that ``cpu_features.SHORT_ATTENTION_KEYS`` encodes.
 
     python bench/short_attention.py [--shape llama-3m|smollm2] [--tokens 1184] [--lengths 32,64,96,128,192,256]
                                     [--dtype float32,bfloat16] [--threads 2] [--calls 20]
