@@ -213,7 +213,9 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
         records = launch(cfg, args.plan or "colocated", world, out, resume=args.resume,
                          progress=not args.no_progress)
     except RuntimeError as e:
-        print(f"meshrl train: the job failed and was stopped: {e}")
+        # rank 0's progress bar, in a process of its own when there are several, was stopped mid-line
+        cut = "\n" if world > 1 and not args.no_progress and not under_torchrun() else ""
+        print(f"{cut}meshrl train: the job failed and was stopped: {e}")
         return 1
     if not rank0:
         return 0

@@ -7,6 +7,7 @@ other ranks it only keeps the clocks.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,6 +98,9 @@ class Reporter:
         if console:
             rep.log = print
         if console and progress:
+            # a thread lock, not tqdm's default multiprocessing one: a rank killed after a failure
+            # elsewhere then leaves no semaphore behind for the resource tracker to report
+            tqdm.set_lock(threading.RLock())
             rep.bar = tqdm(total=cfg.train.iterations, initial=start, desc=f"{cfg.algo} / {plan.strategy}")
             rep.log = rep.bar.write
         if rep.out is not None:

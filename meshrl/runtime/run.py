@@ -124,19 +124,10 @@ def build(cfg: Config, plan: ExecutionPlan, out: str | None, start: int, timeout
     return engine, restore_ahead(engine, early, start) if early is not None else 0
 
 
-def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0, timeout_s: float = 300.0,
-              status_dir: str | None = None, quiet: bool = False, save_every: int = 1, progress: bool = False
-              ) -> list[dict] | None:
-    """Run iterations ``start`` .. cfg.train.iterations-1 on this rank (start > 0: resume from the
-    newest checkpoint in ``out``). Returns the metrics records on rank 0 (None elsewhere).
-    ``quiet``: no console lines; ``progress``: a progress bar on rank 0. With ``out``, rank 0 also
-    writes metrics.jsonl and trace.json, all ranks write a checkpoint every ``save_every``
-    iterations, at the end and before a re-plan, and the trained model is exported to ``out/actor``
-    (``out/reward`` for rm)."""
-    rank = dist.get_rank()
-    status = Path(status_dir) / f"rank{rank}" if status_dir else None
-    fault = faults.from_env(rank, status)  # None unless a test asks for one (MESHRL_FAULT)
-    rep = Reporter.open(cfg, plan, out, start, dist.get_world_size(), rank, rank == 0 and not quiet, progress)
+def run_plans(cfg: Config, plan: ExecutionPlan, out: str | None, start: int, timeout_s: float, rep: Reporter,
+              status: Path | None, fault, save_every: int):
+    """rank_main's loop: build the plan's engine, run its iterations, checkpoint; at a re-plan, build
+    the next plan's engine from the checkpoint just written and go on. Returns the last engine."""
     engine, ahead = build(cfg, plan, out, start, timeout_s, rep.log, status, fault)
     rep.log(f"{cfg.algo}: calls {' -> '.join(engine.graph.names)}")
     switch: replan.Decision | None = None
@@ -156,13 +147,31 @@ def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0,
                 switch = decision
                 break
         if switch is None:
-            break
+            return engine
         # every rank, at the same boundary: drop this plan's models, build the next plan's and read
         # the checkpoint just written under it (the resharding resume, in these processes)
         engine = None
         plan, start = switch.next_plan(), switch.start
         engine, ahead = build(cfg, plan, out, start, timeout_s, rep.log, status, fault)
-    rep.close()
+
+
+def rank_main(cfg: Config, plan: ExecutionPlan, out: str | None, start: int = 0, timeout_s: float = 300.0,
+              status_dir: str | None = None, quiet: bool = False, save_every: int = 1, progress: bool = False
+              ) -> list[dict] | None:
+    """Run iterations ``start`` .. cfg.train.iterations-1 on this rank (start > 0: resume from the
+    newest checkpoint in ``out``). Returns the metrics records on rank 0 (None elsewhere).
+    ``quiet``: no console lines; ``progress``: a progress bar on rank 0. With ``out``, rank 0 also
+    writes metrics.jsonl and trace.json, all ranks write a checkpoint every ``save_every``
+    iterations, at the end and before a re-plan, and the trained model is exported to ``out/actor``
+    (``out/reward`` for rm)."""
+    rank = dist.get_rank()
+    status = Path(status_dir) / f"rank{rank}" if status_dir else None
+    fault = faults.from_env(rank, status)  # None unless a test asks for one (MESHRL_FAULT)
+    rep = Reporter.open(cfg, plan, out, start, dist.get_world_size(), rank, rank == 0 and not quiet, progress)
+    try:  # a failed step too ends the progress bar (the error then starts a line) and flushes the metrics
+        engine = run_plans(cfg, plan, out, start, timeout_s, rep, status, fault, save_every)
+    finally:
+        rep.close()
     if out is not None:
         export_trained(engine.roles, cfg.algo, out, engine.tok)
     return rep.records if rank == 0 else None

@@ -168,3 +168,21 @@ def test_bad_plans_are_refused_before_any_rank_starts(tmp_path, plan, message):
     assert res.returncode == 2, res.stdout + res.stderr
     assert "meshrl train: error:" in res.stderr and message in res.stderr, res.stderr
     assert not (tmp_path / "o" / ".ranks").exists()
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_a_failed_run_with_its_progress_bar_prints_the_failure_on_a_line_of_its_own(tmp_path, nprocs):
+    """The progress bar (in rank 0's process: this one, or a rank killed after another's failure)
+    ends before the failure is printed, and a killed rank leaves no semaphore (tqdm's lock) that
+    multiprocessing's resource tracker would report as leaked."""
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text("def boom(prompt, response, answer, **row):\n    raise ValueError('no way')\n")
+    args = ["algo=grpo", "data.batch_size=4", "data.gen_len=4", "sft.steps=2", "sft.batch_size=8",
+            "train.iterations=2", f"reward.fn={rewards}:boom", "--nprocs", str(nprocs)]
+    proc = subprocess.run([sys.executable, "-m", "meshrl.cli", "train", *args, "--out", str(tmp_path / "run")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout
+    lines = proc.stdout.replace("\r", "\n").splitlines()
+    assert any(line.startswith("meshrl train: the job failed and was stopped: ") for line in lines), proc.stdout
+    assert "raised ValueError: no way" in proc.stdout, proc.stdout
+    assert "leaked" not in proc.stdout, proc.stdout
