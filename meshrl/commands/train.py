@@ -13,6 +13,7 @@ from .config_help import config_epilog
 from ..config import dump_yaml
 from .rundir import check_out, check_resume_config, clear_run
 import os
+import sys
 from ..plan.strategies import BUILDERS
 from ..runtime.plans import resolve_plan
 from ..plan.lag import with_lag
@@ -209,14 +210,17 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
         threads, why = threads_per_rank(cfg, local_ranks(world))
         print(f"threads: {threads} per rank ({why})")
         print(dtype_line(cfg.train.dtype))
+    # rank 0's progress bar, in a process of its own when there are several, stops mid-line
+    cut = "\n" if world > 1 and not args.no_progress and not under_torchrun() else ""
     try:
         records = launch(cfg, args.plan or "colocated", world, out, resume=args.resume,
                          progress=not args.no_progress)
     except RuntimeError as e:
-        # rank 0's progress bar, in a process of its own when there are several, was stopped mid-line
-        cut = "\n" if world > 1 and not args.no_progress and not under_torchrun() else ""
         print(f"{cut}meshrl train: the job failed and was stopped: {e}")
         return 1
+    except KeyboardInterrupt:
+        print(f"{cut}meshrl train: interrupted; {resume_hint(out)}", file=sys.stderr)
+        return 130
     if not rank0:
         return 0
     if records and "reward/mean" in records[-1]:
@@ -231,6 +235,16 @@ def run_job(cfg, args: argparse.Namespace, out: Path, is_demo: bool) -> int:
     elif records and eval_summary(records):
         print("\n".join(eval_summary(records)))  # a run with eval.path ends with its evaluations
     return 0
+
+
+def resume_hint(out: Path) -> str:
+    """What an interrupted run's directory keeps, and how to go on from it."""
+    from ..runtime.checkpoint import latest_checkpoint  # lazy: --help and `meshrl plan` load no torch
+
+    ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        return f"{out}/ holds no checkpoint yet: the same command with --resume starts from the beginning"
+    return f"{out}/ keeps {ckpt.name}: the same command with --resume continues from it"
 
 
 def heldout_accuracy(model_dir: Path) -> tuple[int, int]:

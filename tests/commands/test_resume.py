@@ -48,3 +48,24 @@ def test_resume_with_another_config_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "optim.lr: 0.001 in the run, 0.5 now" in err and "Traceback" not in err
     assert (out / "metrics.jsonl").read_bytes() == before
+
+
+def test_ctrl_c_ends_the_run_naming_its_newest_checkpoint_and_how_to_go_on(tmp_path):
+    """SIGINT (Ctrl-C) after the first checkpoint: exit 130, no traceback, and the last line names
+    the checkpoint kept and --resume (which the tests above and tests/runtime/test_job.py check)."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    args = [a for a in ARGS if a != "train.iterations=2"] + ["train.iterations=400", "train.save_every=1"]
+    job = subprocess.Popen([sys.executable, "-m", "meshrl.cli", "train", *args, "--out", str(out)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while not list(out.glob("ckpt-*/meta.json")) and job.poll() is None and time.time() - t0 < 300:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGINT)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 130, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"meshrl train: interrupted; {out}/ keeps ckpt-"), err
+    assert "--resume continues from it" in line and "Traceback" not in err
