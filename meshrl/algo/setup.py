@@ -84,11 +84,11 @@ def warmup_plan(cfg: Config) -> tuple[str | None, str]:
     (no warm-up); and a note for the console ("" when there is nothing to say)."""
     if cfg.algo == "sft" or not cfg.sft.warmup:
         return None, ""
-    if cfg.models.actor.path:
-        return None, (f"SFT warm-up skipped: the actor is your checkpoint {cfg.models.actor.path} "
-                      "(sft.warmup applies to a preset actor)")
-    if cfg.sft.path:
+    if cfg.sft.path:  # the user's demonstrations: on a preset actor or on their own checkpoint
         return cfg.sft.path, ""
+    if cfg.models.actor.path:
+        return None, (f"SFT warm-up skipped: the actor is your checkpoint {cfg.models.actor.path}; "
+                      "sft.path=FILE.jsonl ({\"prompt\", \"response\"} lines) would warm it up first")
     if cfg.data.path:
         return None, ("SFT warm-up skipped: your data.path has no SFT demonstrations for it, and the built-in "
                       f"demo's are never mixed into your run; RL starts from the untrained {cfg.models.actor.preset} "
@@ -99,8 +99,8 @@ def warmup_plan(cfg: Config) -> tuple[str | None, str]:
 
 def warms_up(cfg: Config) -> bool:
     """Whether the run starts with a quick SFT: RL, DPO and the reward model (initialised from the
-    SFT model, as in InstructGPT) on a preset actor, on the demo's data or the user's sft.path, unless
-    sft.warmup is off (``warmup_plan``)."""
+    SFT model, as in InstructGPT) on a preset actor with the demo's data, or on any actor with the
+    user's sft.path, unless sft.warmup is off (``warmup_plan``)."""
     return warmup_plan(cfg)[0] is not None
 
 

@@ -63,9 +63,11 @@ class SFTConfig:
     steps: int = setting(150, "optimizer steps of the warm-up (algo=sft uses train.iterations)", at_least=1)
     lr: float = setting(2e-3, "learning rate of the warm-up", above=0)
     batch_size: int = setting(64, "sequences per step", at_least=1)
-    warmup: bool = setting(True, "RL from a preset actor starts with an SFT stage on the task's SFT data")
+    warmup: bool = setting(True, "RL starts with an SFT stage: on a preset actor with the task's SFT data (the "
+                           "demo's, or sft.path), on a checkpoint actor (models.actor.path) with sft.path only")
     path: str | None = setting(None, "JSONL {\"prompt\", \"response\"} for the warm-up of a run with its own "
-                               "data.path (without it such a run skips the warm-up: the demo's data never mixes in)")
+                               "data.path or model (without it such a run skips the warm-up: the demo's data never "
+                               "mixes in)")
 
     def validate(self, name: str = "sft") -> None:
         check_fields(self, name)

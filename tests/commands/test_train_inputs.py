@@ -62,6 +62,29 @@ def test_bringing_an_actor_skips_the_warm_up_with_a_note(tmp_path, capsys):
     assert main(["train", f"models.actor.path={tmp_path / 'sft/actor'}", *FAST, "--out", str(tmp_path / "ppo")]) == 0
     printed = capsys.readouterr().out
     assert "SFT warm-up skipped: the actor is your checkpoint" in printed and "SFT warm-up:" not in printed
+    assert "sft.path=FILE.jsonl" in printed
+
+
+def test_an_actor_of_ones_own_warms_up_on_the_sft_path_given(tmp_path, capsys, prompts):
+    """sft.path with models.actor.path: the warm-up starts from that checkpoint (not a preset's
+    init), and RL, its reference included, starts from the warmed-up weights."""
+    from safetensors.torch import load_file
+
+    # another seed than the run's: a warm-up from the preset's init would start far from this actor
+    assert main(["train", "algo=sft", "train.seed=7", *FAST, "--out", str(tmp_path / "sft")]) == 0
+    actor = tmp_path / "sft/actor"
+    sft = write(tmp_path / "demos.jsonl", [{"prompt": "2+2=", "response": "4"}, {"prompt": "Hi?", "response": "yo"}])
+    capsys.readouterr()
+    out = tmp_path / "grpo"
+    assert main(["train", "algo=grpo", f"models.actor.path={actor}", f"data.path={prompts}", f"sft.path={sft}",
+                 *FAST, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"SFT warm-up: 2 steps of 4 demonstrations from {sft}" in printed, printed
+    base, warmed = load_file(actor / "model.safetensors"), load_file(out / "sft-warmup/model.safetensors")
+    assert sorted(base) == sorted(warmed)
+    moved = [k for k in base if not (base[k] == warmed[k]).all()]
+    # two AdamW steps at sft.lr (2e-3) move a weight by about 2 x 2e-3 at most
+    assert moved and max((warmed[k].float() - base[k].float()).abs().max().item() for k in moved) < 0.02
 
 
 def test_rewards_that_never_differ_are_named_as_the_cause(tmp_path, capsys, prompts):
