@@ -37,8 +37,8 @@ DECODE_SLOTS = 64  # the compiled step's cache: the context rounded up to genera
 REPS_SCALE = 3
 
 
-def _pair(cfg: ModelConfig, compile_them: bool) -> tuple:
-    models = tuple(build_model(cfg.replace(num_hidden_layers=n)) for n in (1, DEEP))
+def _pair(cfg: ModelConfig, compile_them: bool, dtype: torch.dtype) -> tuple:
+    models = tuple(build_model(cfg.replace(num_hidden_layers=n)).to(dtype) for n in (1, DEEP))
     if compile_them:
         for m in models:
             compile_layers(m.model.layers)
@@ -92,19 +92,20 @@ def _first_calls(fns: tuple) -> float:
 
 
 def measure_compile(reps: int, cfg: ModelConfig | None = None, batch: int = 4, seq: int = 128,
-                    decode_batch: int = 32) -> dict:
-    """{"hidden", "fwd", "fwd_bwd", "decode": compiled / eager seconds per layer, "compile_s": {kind:
-    seconds}} for ``cfg``'s width (default: the tiny preset), on the threads torch has now.
+                    decode_batch: int = 32, dtype: torch.dtype = torch.float32) -> dict:
+    """{"hidden", "dtype", "fwd", "fwd_bwd", "decode": compiled / eager seconds per layer, "compile_s":
+    {kind: seconds}} for ``cfg``'s width (default: the tiny preset) in ``dtype`` (the profile's: a run's
+    at train.dtype=auto), on the threads torch has now.
 
     Each factor is a ratio of two differences of timings, which magnifies their noise, so it takes
     REPS_SCALE x ``reps`` repetitions per timing (the calls take milliseconds), and the sizes are
     the largest that keep it quick; ``python bench/compile_factors.py --repeat 3`` shows the spread
     of the factors on a machine."""
     cfg, reps = cfg or get_preset("tiny"), REPS_SCALE * reps
-    out: dict = {"hidden": cfg.hidden_size, "compile_s": {}}
+    out: dict = {"hidden": cfg.hidden_size, "dtype": str(dtype).removeprefix("torch."), "compile_s": {}}
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        eager, comp = _pair(cfg, False), _pair(cfg, True)
+        eager, comp = _pair(cfg, False, dtype), _pair(cfg, True, dtype)
         ids = torch.randint(1, cfg.vocab_size, (batch, seq))
         fe, fc = _forward_fns(eager, ids), _forward_fns(comp, ids)
         for kind in ("fwd", "fwd_bwd"):

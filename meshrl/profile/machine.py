@@ -5,10 +5,10 @@ collective latency and bandwidth by group size, and how its cores are shared bet
 
 Compute is measured with one thread, in the dtype a run on this CPU takes at ``train.dtype=auto``
 (bf16 with bf16 dot products, else fp32: meshrl/parallel/precision.py), and the speedup of more threads per
-rank separately (meshrl/profile/threads.py): a rank of a run gets ``train.threads``
+rank separately, in the same dtype (meshrl/profile/threads.py): a rank of a run gets ``train.threads``
 threads, by default the usable cores split between the machine's ranks (meshrl/cores.py), and the
 planner scales the one-thread figures by the measured speedup for that count.
-torch.compile against eager per layer: meshrl/profile/compile.py (full profile only).
+torch.compile against eager per layer, in the same dtype: meshrl/profile/compile.py (full profile only).
 Collectives run in real gloo process groups started with torch.multiprocessing; every process
 group has a timeout and every child is joined with a deadline and killed if it overruns.
 """
@@ -140,7 +140,7 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
         layers = measure_layers(quick, reps, dtype)  # 1- and DEEP-layer models timed alternately
         optimizer = measure_optimizer(reps, mem_bw)  # per tensor: the runtime AdamW's kernels and Python
         # compiled / eager per layer (train.compile, gen.compile); not in --quick: the compiles take minutes
-        compiled = {} if quick else {"compile": measure_compile(reps)}
+        compiled = {} if quick else {"compile": measure_compile(reps, dtype=dtype)}
     finally:
         torch.set_num_threads(prev)
     colls: dict[str, dict] = {"all_reduce": {}, "all_gather": {}, "p2p": {}}
@@ -150,7 +150,7 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
             if kind != "p2p" or world == 2:
                 colls[kind][str(world)] = fit
     cores = measure_cores(quick, timeout_s)  # cores, threads_per_rank (1), contention
-    scaling = measure_thread_scaling(cores["cores"], quick, reps)  # speedup of t threads per rank
+    scaling = measure_thread_scaling(cores["cores"], quick, reps, dtype)  # speedup of t threads per rank
     pipeline = measure_pipeline_hop(reps, timeout_s)  # per stage boundary of a decoding step
     host_gap = measure_host_gap(quick, timeout_s)  # the runtime's host time per call
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

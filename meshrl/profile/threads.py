@@ -7,10 +7,10 @@ one-thread layer fits by the speedup measured here for the rank's thread count
 (meshrl/plan/hardware_profile.py ``from_profile``; docs/planner.md "Threads").
 
 Per profiled width, on its DEEP-layer model (the larger of the layer pair, whose time is mostly
-layers): forward log-probs and forward + backward of 128 tokens, and one decoding step of 8 rows
-with 32 cached tokens. Each is timed at 1 thread and at t threads alternately (``pair_medians``, so
-drift of the machine's speed cancels); speedup(t) = seconds at 1 / seconds at t, for t = 2, 4, ...
-and the core count.
+layers) in the dtype the layers were profiled in (a run's at ``train.dtype=auto``): forward log-
+probs and forward + backward of 128 tokens, and one decoding step of 8 rows with 32 cached tokens.
+Each is timed at 1 thread and at t threads alternately (``pair_medians``, so drift of the machine's
+speed cancels); speedup(t) = seconds at 1 / seconds at t, for t = 2, 4, ... and the core count.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def thread_counts(cores: int) -> tuple[int, ...]:
     return tuple(sorted({t for t in (2 ** i for i in range(1, 7)) if t < top} | ({top} if top > 1 else set())))
 
 
-def _kinds(cfg) -> dict:
-    """The three timed functions of ``cfg``'s width on a DEEP-layer model."""
-    model = build_model(cfg.replace(num_hidden_layers=DEEP))
+def _kinds(cfg, dtype: torch.dtype) -> dict:
+    """The three timed functions of ``cfg``'s width on a DEEP-layer model in ``dtype``."""
+    model = build_model(cfg.replace(num_hidden_layers=DEEP)).to(dtype)
     ids = torch.randint(1, cfg.vocab_size, (1, TOKENS))
     mask = torch.ones(DECODE_ROWS, DECODE_CONTEXT + 1, dtype=torch.long)
     tok = torch.ones(DECODE_ROWS, dtype=torch.long)
@@ -64,7 +64,7 @@ def _at(threads: int, fn):
     return run
 
 
-def measure_thread_scaling(cores: int, quick: bool, reps: int) -> dict:
+def measure_thread_scaling(cores: int, quick: bool, reps: int, dtype: torch.dtype = torch.float32) -> dict:
     """{"work", "speedup": {hidden: {threads: {fwd, fwd_bwd, decode}}}} (1 thread is 1.0 by
     definition and not stored); an empty speedup where the process may use one core only."""
     counts = thread_counts(cores)
@@ -74,13 +74,13 @@ def measure_thread_scaling(cores: int, quick: bool, reps: int) -> dict:
         with torch.random.fork_rng():
             torch.manual_seed(0)
             for cfg in width_configs(quick).values():
-                kinds = _kinds(cfg)
+                kinds = _kinds(cfg, dtype)
                 out[str(cfg.hidden_size)] = {str(t): {k: _ratio(pair_medians(_at(1, fn), _at(t, fn), reps))
                                                       for k, fn in kinds.items()} for t in counts}
     finally:
         torch.set_num_threads(prev)
     return {"work": f"{DEEP}-layer model per width: forward and forward + backward of {TOKENS} tokens, "
-                    f"a decoding step of {DECODE_ROWS} rows", "speedup": out}
+                    f"a decoding step of {DECODE_ROWS} rows, in {str(dtype).removeprefix('torch.')}", "speedup": out}
 
 
 def _ratio(times: tuple[float, float]) -> float:

@@ -54,3 +54,17 @@ def test_the_planner_prices_the_threads_the_runtime_sets(tmp_path, monkeypatch):
     assert cpu_problem(tmp_path, PROFILE, ranks=1).hw.threads == 4
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert cpu_problem(tmp_path, PROFILE, ranks=1).hw.threads == 1
+
+
+def test_the_speedup_is_measured_in_the_profiles_dtype():
+    """meshrl/profile/threads.py times its models in the dtype it is given (the profile's, a run's
+    at train.dtype=auto: bf16 on a CPU with bf16 dot products), not in float32 whatever the run's."""
+    import torch
+
+    from meshrl.profile.threads import measure_thread_scaling
+
+    res = measure_thread_scaling(2, quick=True, reps=1, dtype=torch.bfloat16)
+    assert res["work"].endswith("in bfloat16")
+    (curve,) = res["speedup"].values()
+    assert set(curve) == {"2"} and all(v > 0 for v in curve["2"].values()) and set(curve["2"]) == {
+        "fwd", "fwd_bwd", "decode"}
