@@ -7,10 +7,11 @@ one-thread layer fits by the speedup measured here for the rank's thread count
 (meshrl/plan/hardware_profile.py ``from_profile``; docs/planner.md "Threads").
 
 Per profiled width, on its DEEP-layer model (the larger of the layer pair, whose time is mostly
-layers) in the dtype the layers were profiled in (a run's at ``train.dtype=auto``): forward log-
-probs and forward + backward of 128 tokens, and one decoding step of 8 rows with 32 cached tokens.
-Each is timed at 1 thread and at t threads alternately (``pair_medians``, so drift of the machine's
-speed cancels); speedup(t) = seconds at 1 / seconds at t, for t = 2, 4, ... and the core count.
+layers) in the dtype the layers were profiled in (a run's at ``train.dtype=auto``): forward
+log-probs and forward + backward of 128 tokens, and one decoding step of 8 rows with 32 cached
+tokens. Each is timed at 1 thread and at t threads alternately (``pair_medians``, so drift of the
+machine's speed cancels); speedup(t) = seconds at 1 / seconds at t, for t = 2, 4, ... and the core
+count.
 """
 
 from __future__ import annotations
