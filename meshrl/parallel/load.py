@@ -32,6 +32,12 @@ def _index(sl: Slice) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in sl)
 
 
+def _fake_part(full: tuple[int, ...], sl: Slice, dtype: torch.dtype) -> torch.Tensor:
+    """Under a fake mode (the dry run): a new tensor of slice ``sl`` of a ``full``-shaped parameter
+    in ``dtype``, what a real load returns, in one fake op (no values to draw or read)."""
+    return torch.empty([b - a for a, b in sl] + list(full[len(sl):]), dtype=dtype)
+
+
 class InitLoader:
     """Shards of ``build_model(cfg, seed, value_head)`` without building it (see the module doc).
     ``only``: names this loader may be asked for (others may still be drawn, to keep the stream)."""
@@ -54,12 +60,9 @@ class InitLoader:
         if name not in self.shapes:
             raise KeyError(f"InitLoader: no parameter {name!r}")
         if detect_fake_mode() is not None:
-            # Under a fake mode (the dry run) a draw has no values and leaves the generator where it
-            # was: a new tensor of the slice's shape in the loader's dtype is what a real load returns,
-            # in one fake op instead of a draw, its slice, cast and copy (a MoE preset has ~20k
-            # tensors a model).
-            full = self.shapes[name]
-            return torch.empty([b - a for a, b in sl] + list(full[len(sl):]), dtype=self.dtype)
+            # a draw has no values and leaves the generator where it was: one fake op instead of a
+            # draw, its slice, cast and copy (a MoE preset has ~20k tensors a model)
+            return _fake_part(self.shapes[name], sl, self.dtype)
         if self.last is None or self.last[0] != name:
             want = self.index[name]
             if want < self.pos:
@@ -94,10 +97,12 @@ class SafetensorsLoader:
             raise UserError(f"{self.files[unexpected[0]]}: unexpected tensor {unexpected[0]!r} for a "
                             f"{self.cfg.model_type} model with this config.json")
         _check_shapes(self.files, expected)
-        self.seed = seed
+        self.shapes, self.seed = expected, seed
         self._open: dict[Path, object] = {}
 
     def __call__(self, name: str, sl: Slice) -> torch.Tensor:
+        if detect_fake_mode() is not None:  # the dry run reads nothing: shapes were checked above
+            return _fake_part(self.shapes[name], sl, self.dtype)
         if name == "score.weight" and self.init_score:
             gen = torch.Generator().manual_seed(self.seed)
             return init_tensor(name, (1, self.cfg.hidden_size), gen)[_index(sl)].to(self.dtype)

@@ -216,3 +216,31 @@ def test_ranks_moving_the_same_pieces_in_another_order_are_not_one_class():
     assert reduced.failures == []
     every = dry_run(cfg, prob, plan, every_rank=True)
     assert every.failures == [] and _peaks(every) == _peaks(reduced)
+
+
+def test_the_memory_budget_takes_the_larger_of_a_share_and_a_margin():
+    """A call fails above 1.25x its prediction only when that is also 256 MiB or more above it: the
+    demo's calls (tens of MiB) keep their few MiB of temporaries, a 10 GiB call may not grow by 3 GiB."""
+    from meshrl.runtime.dry_run import budget
+
+    mib = 2**20
+    assert budget(80 * mib) == 80 * mib + 256 * mib
+    assert budget(10 * 2**30) == 1.25 * 10 * 2**30
+    assert budget(1024 * mib) == 1024 * mib + 256 * mib == 1.25 * 1024 * mib
+
+
+@pytest.mark.timeout(900)
+def test_a_plan_for_a_checkpoint_of_ones_own_dry_runs_without_reading_it(tmp_path):
+    """models.actor.path: the dry run builds its shards from the checkpoint's shapes (checked against
+    the files when the loader opens them) on fake tensors, reading no weight; the peaks equal those
+    of the same model as a preset, whose weights are drawn instead."""
+    from meshrl.cli import main
+
+    assert main(["train", "algo=sft", "train.iterations=1", "data.batch_size=4", "--out", str(tmp_path / "sft"),
+                 "--no-progress"]) == 0
+    cfg, prob, plan = _setup(2, "dp1tp2pp1", ("algo=grpo",))
+    mine = load_config(None, [*SIZES, "cluster.devices_per_node=2", "algo=grpo",
+                              f"models.actor.path={tmp_path / 'sft' / 'actor'}"])
+    preset, own = dry_run(cfg, prob, plan), dry_run(mine, problem_from_config(mine), plan)
+    assert preset.failures == [] and own.failures == [], own.failures
+    assert _peaks(own) == _peaks(preset)
