@@ -12,7 +12,7 @@ import importlib
 import re
 import sys
 
-from . import __version__
+from . import __version__, interrupt
 from .errors import UserError
 from .cores import quiet_waits
 from .host_memory import keep_freed_memory
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    previous = interrupt.install()  # one Ctrl-C stops a run even where Python would drop it
     try:
         return int(modules[args.command].run(args) or 0)
     except UserError as e:
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"meshrl {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        interrupt.restore(previous)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from .. import interrupt
 from ..algo import setup
 from ..algo.batch import Batch
 from ..algo.common import CallContext
@@ -106,6 +107,7 @@ class Engine:
         k = self.cfg.train.off_policy
         order = steps(self.graph, self.plan, start, stop, k, ahead, self.cfg.stream_steps_at(k))
         for step in with_evals(order, self.cfg, self.evals, start, stop, dist.get_world_size()):
+            interrupt.check()  # a Ctrl-C that Python dropped stops the run here (meshrl/interrupt.py)
             if self.rank not in step.ranks:
                 continue
             if self.status is not None:  # where the launcher reads it if this rank dies (names the step)

@@ -73,3 +73,32 @@ def test_ctrl_c_ends_the_run_naming_its_newest_checkpoint_and_how_to_go_on(tmp_p
     line = err.strip().splitlines()[-1]
     assert line.startswith(f"meshrl train: interrupted; {out}/ keeps ckpt-"), err
     assert "--resume continues from it" in line and "Traceback" not in err
+
+
+def test_a_ctrl_c_that_python_drops_still_stops_the_run_at_the_next_step():
+    """A KeyboardInterrupt raised in a finalizer is printed as "Exception ignored" and lost; the
+    press is recorded (meshrl/interrupt.py) and the engine's step loop raises it."""
+    import gc
+    import os
+    import signal
+
+    from meshrl import interrupt
+
+    class Finalized:
+        def __del__(self):  # SIGINT handled here: Python drops the KeyboardInterrupt it raises
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(1000))  # the handler runs at a bytecode boundary inside __del__
+
+    previous = interrupt.install()
+    try:
+        Finalized()
+        gc.collect()
+        try:
+            interrupt.check()
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("the recorded Ctrl-C was not raised")
+    finally:
+        interrupt.restore(previous)
+        interrupt._pressed.clear()
