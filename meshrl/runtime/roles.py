@@ -42,6 +42,17 @@ from ..plan.steps import home_calls, temporary
 VALUE_ROLES = ("critic", "reward")
 
 
+def actor_start(cfg: Config, dtype: torch.dtype) -> tuple[ModelConfig, SafetensorsLoader | InitLoader]:
+    """The actor's model config and the loader of its weights before any training: the user's
+    checkpoint (models.actor.path), else the preset's seeded init (what the SFT warm-up starts from)."""
+    spec = cfg.models.actor
+    if spec.path:
+        body = SafetensorsLoader(spec.path, dtype=dtype)
+        return body.cfg, body
+    acfg = get_preset(spec.preset or "tiny")
+    return acfg, InitLoader(acfg, cfg.train.seed, dtype=dtype)
+
+
 def initial_states(cfg: Config, warmed: Path | None = None) -> dict[str, tuple[ModelConfig | None, object]]:
     """role -> (model config, SliceLoader of its iteration-0 weights), equal on every rank; the
     loader is None for a rule reward. Each rank reads only its own shards (parallel/load.py): from
@@ -51,16 +62,12 @@ def initial_states(cfg: Config, warmed: Path | None = None) -> dict[str, tuple[M
     path, or a preset other than the actor's, which the planner prices) is that model; any other
     starts from the actor: the reference is the actor, a critic or reward model its backbone."""
     torch.manual_seed(cfg.train.seed)
-    seed, spec, dtype = cfg.train.seed, cfg.models.actor, torch_dtype(cfg.train.dtype)
+    seed, dtype = cfg.train.seed, torch_dtype(cfg.train.dtype)
     if warmed is not None:
         body = SafetensorsLoader(warmed, dtype=dtype)
         acfg = body.cfg
-    elif spec.path:
-        body = SafetensorsLoader(spec.path, dtype=dtype)
-        acfg = body.cfg
     else:
-        acfg = get_preset(spec.preset or "tiny")
-        body = InitLoader(acfg, seed, dtype=dtype)
+        acfg, body = actor_start(cfg, dtype)
     out: dict[str, tuple[ModelConfig | None, object]] = {}
     if cfg.algo == "rm":  # its own model, else the (SFT) actor's backbone + a random head
         out["reward"] = _own(cfg, "reward", seed + 3, dtype, zero_head=False) or \

@@ -34,14 +34,13 @@ from ..algo.common import CallContext
 from ..algo.iteration import choose_rows
 from ..config import Config
 from ..layout.mesh import Placement
-from ..model.presets import get_preset
 from ..parallel import comm
 from ..parallel.data import AdamWConfig
 from ..parallel.groups import GroupCache
-from ..parallel.load import InitLoader, SafetensorsLoader
 from ..parallel.model import ParallelModel
 from ..parallel.precision import torch_dtype
 from .export import export_sharded
+from .roles import actor_start
 
 DIR_NAME = "sft-warmup"  # under OUT: the warmed-up actor, a Hugging Face checkpoint
 
@@ -66,13 +65,7 @@ def warmup_sharded(cfg: Config, tok, cache: GroupCache, path: Path, log: Callabl
     """cfg.sft.steps SFT steps of cfg.sft.batch_size demonstrations on the actor (the preset's
     seeded init, or the user's checkpoint given sft.path), on every rank of the world (collective),
     written to ``path``; -> ``path`` once every stage is there."""
-    dtype = torch_dtype(cfg.train.dtype)
-    if cfg.models.actor.path:
-        start = SafetensorsLoader(cfg.models.actor.path, dtype=dtype)
-        mcfg = start.cfg
-    else:
-        mcfg = get_preset(cfg.models.actor.preset or "tiny")
-        start = InitLoader(mcfg, cfg.train.seed, dtype=dtype)
+    mcfg, start = actor_start(cfg, torch_dtype(cfg.train.dtype))
     placement = warmup_placement(mcfg.num_hidden_layers, dist.get_world_size())
     optim = AdamWConfig(lr=cfg.sft.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=cfg.optim.weight_decay,
                         max_grad_norm=cfg.optim.grad_clip)
