@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..plan.compile_choice import NO_PROFILE, choose_for_config
 from ..plan.search import DEFAULT_STEPS
-from ..plan.fallback import planning_config
+from ..plan.fallback import planning_problem
 from ..plan.problem import problem_from_config
 from ..plan.report import NAMES, comparison_table, compare, compile_line, explain, plan_table
 from .train import run_config, split_items
@@ -108,8 +108,10 @@ def run(args: argparse.Namespace) -> int:
                       f"{cfg.data.obs_len_mean:.1f} tokens per observation")
     # --validate compares with this machine, so it needs its measured profile; otherwise the
     # planner's one fallback for a CPU without one (meshrl/plan/fallback.py, as `train --nprocs`)
-    pcfg, note = (cfg, "") if args.validate else planning_config(cfg, args.profile)
-    problem = problem_from_config(pcfg, args.profile)
+    if args.validate:
+        problem, note = problem_from_config(cfg, args.profile), ""
+    else:
+        problem, note = planning_problem(cfg, args.profile)
     cpu0 = time.process_time()
     problem, results, search_s, lag = plan_all(problem, names, steps, args)
     cpu_s = time.process_time() - cpu0  # the planning's own cost; the wall time grows with the load

@@ -64,11 +64,11 @@ def pack_projections(weight: torch.Tensor) -> bool:
     decode step's few rows is the slow orientation (docs/model.md "Packed weights"). The packed
     matmul also gives every row the same bits whatever the batch it runs in, which F.linear does
     not. bf16 too where the CPU computes it natively (``native_bf16``; elsewhere fused_weights), not
-    float64 (oneDNN has none), nor under a
-    dry run's fake tensors, nor on a GPU."""
+    float64 (oneDNN has none), nor on a GPU. A CPU dry run's fake tensors take the path too (``Packed``
+    holds a plain copy of the same bytes there), so that it holds the copies the run will."""
     return ((weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and native_bf16()))
-            and worst_case.device_type(weight) == "cpu" and not worst_case.active()
-            and type(weight) in (torch.Tensor, torch.nn.Parameter) and torch.backends.mkldnn.is_available())
+            and worst_case.device_type(weight) == "cpu" and torch.backends.mkldnn.is_available()
+            and (worst_case.active() or type(weight) in (torch.Tensor, torch.nn.Parameter)))
 
 
 def native_bf16() -> bool:
@@ -84,10 +84,15 @@ class Packed:
     each optimizer step's new weights are the ones packed at the next generation's start)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> None:
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(1, rows))
+        # a dry run's fake tensors have no oneDNN layout: a plain copy of the same bytes stands in
+        self.fake = worst_case.active()
+        w = weight.detach()
+        self.weight = w.clone() if self.fake else torch.ops.mkldnn._reorder_linear_weight(w, max(1, rows))
         self.bias = None if bias is None else bias.detach()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fake:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from .. import cpu_features
 from ..layout.mesh import Layout
 from .call_spec import CallSpec, Estimate, RunShape
 from .estimate_steps import Ctx, add_parts, forward_step, measured_time, pipeline_time
@@ -146,13 +147,16 @@ def generate(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     kv_len = shape.prompt_len + shape.mean_len if shape.compact else shape.seq_len
     kv = s_dp * kv_len * c.stage_layers * mc.kv_bytes_per_token(c.lay.tp, c.hw.dtype_bytes)
     logits = bm * mc.out_width / c.lay.tp * LOGIT_BYTES
-    prefill_act = bm * shape.prompt_len * mc.infer_bytes_per_token(c.lay.tp, c.hw.dtype_bytes, cpu=c.hw.name == "cpu",
+    prefill_act = bm * shape.prompt_len * mc.infer_bytes_per_token(c.lay.tp, c.hw.dtype_bytes, cpu=c.hw.cpu,
                                                                    keys=shape.prompt_len)
-    if c.hw.name == "cpu" and c.hw.dtype_bytes == 2:  # bf16 decoding on a CPU fuses q|k|v and gate|up: copies
-        prefill_act += mc.fused_decode_bytes(c.lay.pp, c.lay.tp, c.hw.dtype_bytes)
-    elif c.hw.name == "cpu" and c.hw.dtype_bytes == 4 and not c.gen_compiled and not shape.engine_copy:
-        # eager float32 decoding packs its projections and LM head for oneDNN once per generation
+    # the weight copies a CPU's decoding makes once per generation (model/decode_weights.py): eager
+    # float32, and bf16 where the CPU has bf16 dot products, pack every projection and the LM head
+    # for oneDNN; other bf16 decoding fuses q|k|v and gate|up
+    packs = c.hw.dtype_bytes == 4 or (c.hw.dtype_bytes == 2 and cpu_features.native_bf16())
+    if c.hw.cpu and packs and not c.gen_compiled and not shape.engine_copy:
         prefill_act += mc.fused_decode_bytes(c.lay.pp, c.lay.tp, c.hw.dtype_bytes, packed=True)
+    elif c.hw.cpu and c.hw.dtype_bytes == 2:
+        prefill_act += mc.fused_decode_bytes(c.lay.pp, c.lay.tp, c.hw.dtype_bytes)
     # the share of the stages computing at once: their busy seconds over pp x the call's
     active = min(1.0, busy / (c.lay.pp * t)) if t > 0 else 1.0
     return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=active)

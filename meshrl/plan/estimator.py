@@ -57,7 +57,7 @@ def _inference(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     # a micro-batch's forward without autograd: a layer's working set, and on the last stage the
     # larger of it and the head's
     dt = c.hw.dtype_bytes
-    layer = c.mc.infer_bytes_per_token(c.lay.tp, dt, cpu=c.hw.name == "cpu", keys=s)
+    layer = c.mc.infer_bytes_per_token(c.lay.tp, dt, cpu=c.hw.cpu, keys=s)
     head = c.mc.head_bytes_per_token(c.lay.tp, dt)
     stages = tuple(b * s * (max(layer, head) if i == c.lay.pp - 1 else layer) for i in range(c.lay.pp))
     return Estimate(t, flops, c.stage_param_bytes, 0.0, max(stages), acc, active=busy_share(c, m),
@@ -100,7 +100,7 @@ def _train(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     # a float32 or float64 parameter is its own master (m and v in its dtype); bf16 keeps fp32 ones
     wide = c.hw.dtype_bytes >= 4
     state = (2 * c.hw.dtype_bytes if wide else ADAM_STATE_BYTES) * n_local / c.lay.dp
-    layer_act = b * s * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes, cpu=c.hw.name == "cpu", keys=s)
+    layer_act = b * s * c.mc.act_bytes_per_token_layer(c.lay.tp, c.hw.dtype_bytes, cpu=c.hw.cpu, keys=s)
 
     def activations(stage: int, layers: int) -> float:
         """1F1B keeps pp - stage micro-batches in flight on a stage (parallel/pipeline.py)."""

@@ -166,6 +166,10 @@ class Hardware:
     threads: int = 1
     # train.compile / gen.compile: measured by a CPU profile; eager for the GPU presets (COMPILE_GPU)
     compiled: CompileSpeed = CompileSpeed()
+    # The runtime's CPU code paths run on this device (its memory is priced as they hold it: float32
+    # attention for bf16, decoding's fused or packed weight copies): a measured CPU profile, or the
+    # GPU preset that stands in for one (plan/fallback.py).
+    cpu: bool = False
 
     def slowdown(self, busy: float) -> float:
         """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs);

@@ -51,7 +51,7 @@ def from_profile(data: dict, devices_per_node: int, source: str = "profile", thr
                     contention=contention, pipeline_hop=float(data.get("pipeline", {}).get("hop_s", 0.0)),
                     optimizer_tensor_s=float(data.get("optimizer", {}).get("sec_per_tensor", 0.0)),
                     call_host_s=float(data.get("host_gap", {}).get("call_host_s", 0.0)),
-                    compiled=_compiled(data.get("compile")))
+                    compiled=_compiled(data.get("compile")), cpu=True)
         return for_threads(hw, data.get("thread_scaling"), threads)
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"profile {source} is malformed ({e!r}); run `meshrl profile` again") from None

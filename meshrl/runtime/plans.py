@@ -15,10 +15,9 @@ from ..algo.graph import graph_for, graph_of
 from ..config import Config, role_spec
 from ..errors import UserError
 from ..plan.execution_plan import Cluster, ExecutionPlan
-from ..plan.fallback import planning_config
+from ..plan.fallback import planning_problem
 from ..plan.compile_choice import NO_PROFILE, choose_for_config
 from ..plan.lag import choose_lag, with_lag
-from ..plan.problem import problem_from_config
 from ..plan.search import search
 from ..plan.strategies import build
 from ..model.presets import get_preset
@@ -38,8 +37,7 @@ def _problem(cfg: Config, cluster: Cluster):
 
     pcfg = copy.deepcopy(cfg)
     pcfg.cluster.nodes, pcfg.cluster.devices_per_node = cluster.nodes, cluster.devices_per_node
-    pcfg, note = planning_config(pcfg)
-    return problem_from_config(pcfg), note
+    return planning_problem(pcfg)
 
 
 def resolve_plan(cfg: Config, spec: str, world: int) -> tuple[ExecutionPlan, str]:

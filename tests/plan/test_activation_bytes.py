@@ -96,7 +96,8 @@ def test_the_fused_decoding_copies_of_bf16_on_a_cpu_are_priced(preset, monkeypat
     assert model_costs(cfg).fused_decode_bytes(1, 1, 2) == copies
     spec, shape = CallSpec("actor_gen", "actor", "generate", cfg), RunShape(16, 16, 8)
     gpu = PRESETS["h100-80g"]
-    extra = {name: estimate_call(spec, shape, Layout(1, 1, 1), 1, dataclasses.replace(gpu, name=name)).transient_bytes
+    extra = {name: estimate_call(spec, shape, Layout(1, 1, 1), 1,
+                                 dataclasses.replace(gpu, name=name, cpu=name == "cpu")).transient_bytes
              - estimate_call(spec, shape, Layout(1, 1, 1), 1, gpu).transient_bytes for name in ("cpu", "h100-80g")}
     assert extra == {"cpu": copies, "h100-80g": 0}
 
@@ -122,7 +123,7 @@ def test_the_packed_float32_decoding_copies_on_a_cpu_are_priced(preset):
     gpu = dataclasses.replace(PRESETS["h100-80g"], dtype_bytes=4)
 
     def extra(name, **kw):
-        hw = dataclasses.replace(gpu, name=name)
+        hw = dataclasses.replace(gpu, name=name, cpu=name == "cpu")
         s = dataclasses.replace(shape, **kw)
         return (estimate_call(spec, s, Layout(1, 1, 1), 1, hw).transient_bytes
                 - estimate_call(spec, s, Layout(1, 1, 1), 1, gpu).transient_bytes)
@@ -184,3 +185,31 @@ def test_logsumexp_s_own_temporary_is_counted():
         base = counter.live
         torch.logsumexp(z, -1)
         assert counter.window.peak - base >= z.numel() * 4
+
+
+def test_bf16_decoding_on_a_cpu_with_bf16_dot_products_is_priced_packed(monkeypatch):
+    """Where the CPU computes bf16 natively, eager bf16 decoding packs every projection and the LM
+    head as float32 does (model/decode_weights.py pack_projections), so the estimator prices those
+    copies, in bf16; under gen.compile decoding fuses q|k|v and gate|up instead."""
+    from meshrl import cpu_features
+    from meshrl.layout.mesh import Layout
+    from meshrl.plan.estimator import CallSpec, RunShape, estimate_call
+    from meshrl.plan.hardware import PRESETS
+
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: True)
+    cfg = _cfg("tiny")
+    spec, shape = CallSpec("actor_gen", "actor", "generate", cfg), RunShape(16, 16, 8)
+    gpu = PRESETS["h100-80g"]
+    cpu = dataclasses.replace(gpu, name="cpu", cpu=True)
+
+    def extra(**kw):
+        s = dataclasses.replace(shape, **kw)
+        return (estimate_call(spec, s, Layout(1, 1, 1), 1, cpu).transient_bytes
+                - estimate_call(spec, s, Layout(1, 1, 1), 1, gpu).transient_bytes)
+
+    # (both also hold bf16 attention's float32 working set, which a GPU does not)
+    mc = model_costs(cfg)
+    packed, fused = mc.fused_decode_bytes(1, 1, 2, packed=True), mc.fused_decode_bytes(1, 1, 2)
+    assert extra() - extra(compile_gen=True) == packed - fused > 0
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: False)  # emulated bf16: fused either way
+    assert extra() == extra(compile_gen=True)

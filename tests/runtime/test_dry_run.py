@@ -244,3 +244,28 @@ def test_a_plan_for_a_checkpoint_of_ones_own_dry_runs_without_reading_it(tmp_pat
     preset, own = dry_run(cfg, prob, plan), dry_run(mine, problem_from_config(mine), plan)
     assert preset.failures == [] and own.failures == [], own.failures
     assert _peaks(own) == _peaks(preset)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("dtype,native", [("auto", None), ("bfloat16", False), ("bfloat16", True)])
+def test_the_demo_without_a_profile_is_priced_as_it_runs(tmp_path, monkeypatch, dtype, native):
+    """A CPU plan without a measured profile takes the GPU preset's costs (plan/fallback.py), but its
+    memory is the run's: the dtype the CPU resolves (float32 where bf16 is emulated; a GPU would take
+    bf16) and the CPU code paths' copies (decoding's packed or fused weights). Every call of the demo
+    is then within 5% of its dry-run peak (pricing in the stand-in's bf16 put the float32 training
+    calls 25% below). ``native``: bf16 on a CPU with (True) or without bf16 dot products, whose
+    decoding packs every projection or fuses two pairs of them."""
+    from meshrl import cpu_features
+    from meshrl.plan.fallback import planning_problem
+
+    if native is not None:
+        monkeypatch.setattr(cpu_features, "native_bf16", lambda *a: native)
+    monkeypatch.setenv("MESHRL_PROFILE", str(tmp_path / "no-profile.json"))
+    cfg = load_config(None, [f"train.dtype={dtype}"])
+    prob, note = planning_problem(cfg)
+    assert note and prob.hw.cpu
+    calls = {c.name: CallPlan(Mesh.range(0, 1), Layout(1, 1, 1), 1) for c in graph_for(cfg.algo).calls}
+    res = dry_run(cfg, prob, ExecutionPlan(Cluster(1, 1), calls, "colocated"))
+    assert res.failures == []
+    errs = {c: abs(p[0] - res.measured(c, 0)) / res.measured(c, 0) for c, p in res.predicted.items()}
+    assert max(errs.values()) <= 0.05, errs
