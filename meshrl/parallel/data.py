@@ -56,12 +56,11 @@ def counted_names(sm: ShardMap, rank: int) -> set[str]:
     of one dp replica (norms across tp, replicated KV heads, a tied embedding's two stages) is
     counted only by its first holder in mesh order."""
     dp_i = sm.placement.coords_of(rank)[0]
-    out = set()
-    for name, sl in sm.params_of(rank).items():
-        same = [r for r, s in sm.holders(name) if s == sl and sm.placement.coords_of(r)[0] == dp_i]
-        if same[0] == rank:
-            out.add(name)
-    return out
+    replica = [r for r in sm.placement.mesh.ranks if sm.placement.coords_of(r)[0] == dp_i]  # mesh order
+    # only the replica's ranks are asked (not every holder of the mesh): a MoE model has thousands
+    # of tensors, and every rank builds this set for each model it holds
+    return {name for name, sl in sm.params_of(rank).items()
+            if next(r for r in replica if sm.slice_of(r, name) == sl) == rank}
 
 
 def clip_grad_norm(named: dict[str, nn.Parameter], counted: set[str], mp: Axis, max_norm: float) -> float:
