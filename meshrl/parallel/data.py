@@ -163,44 +163,48 @@ class ZeroAdamW:
             g = p.grad.view(-1)[lo:hi]
             chunk.grad = g if g.dtype == chunk.dtype else g.to(chunk.dtype)
         self.opt.step()
+        gather = self.dp.group is not None
         for p, chunk, (lo, hi, _) in zip(self.params, self.chunks, self.bounds, strict=True):
-            if p.dtype != chunk.dtype:  # master -> the low-precision parameter (round to nearest)
+            if p.dtype != chunk.dtype and not gather:  # master -> the low-precision parameter (round to nearest)
                 p.detach().view(-1)[lo:hi].copy_(chunk)
             chunk.grad = None
-        if self.dp.group is None:
+        if not gather:
             return
-        for items in self._gather_buckets:
+        for items in self._gather_buckets:  # rounds the masters into the all-gather's input, and so into p
             self._gather(items)
 
-    def _buckets(self) -> list[list[tuple[nn.Parameter, tuple[int, int, int]]]]:
+    def _buckets(self) -> list[list[tuple[nn.Parameter, nn.Parameter, tuple[int, int, int]]]]:
         """Consecutive parameters of one dtype, about BUCKET_BYTES of chunks each. Why buckets and
         not one all-gather per tensor: the updated chunks are small and each collective pays its
         latency, and a model has many small tensors (docs/planner.md, "Estimator accuracy on 2 and
         4 ranks", has the measurement)."""
         out: list[list] = []
         size = 0
-        for p, b in zip(self.params, self.bounds, strict=True):
+        for p, c, b in zip(self.params, self.chunks, self.bounds, strict=True):
             nbytes = b[2] * p.element_size()
             if not out or out[-1][0][0].dtype != p.dtype or size + nbytes > BUCKET_BYTES:
                 out.append([])
                 size = 0
-            out[-1].append((p, b))
+            out[-1].append((p, c, b))
             size += nbytes
         return out
 
-    def _gather(self, items: list[tuple[nn.Parameter, tuple[int, int, int]]]) -> None:
+    def _gather(self, items: list[tuple[nn.Parameter, nn.Parameter, tuple[int, int, int]]]) -> None:
         """One all-gather of this rank's chunks of ``items`` (each padded to its chunk size), then
-        every rank's chunk copied back into its place in each parameter."""
+        every rank's chunk copied back into its place in each parameter, this rank's own included.
+        The input is read from the chunks: a float32 parameter's chunk is its own slice, a bf16
+        one's fp32 master is rounded to nearest into the bf16 input, as a copy into the parameter
+        would round it (so the step makes no separate master -> parameter copy)."""
         p0 = items[0][0]
-        mine = torch.zeros(sum(size for _, (_, _, size) in items), dtype=p0.dtype, device=p0.device)
+        mine = torch.zeros(sum(size for _, _, (_, _, size) in items), dtype=p0.dtype, device=p0.device)
         off = 0
-        for p, (lo, hi, size) in items:
-            mine[off:off + hi - lo] = p.view(-1)[lo:hi]
+        for _, chunk, (lo, hi, size) in items:
+            mine[off:off + hi - lo] = chunk
             off += size
         gathered = mine.new_empty(self.dp.size, mine.numel())  # row r: rank r's chunks
         comm.all_gather(list(gathered.unbind(0)), mine, self.dp.group)
         off = 0
-        for p, (_, _, size) in items:
+        for p, _, (_, _, size) in items:
             # Rank r's chunk is flat[r * size:(r + 1) * size]: the whole ones in one strided copy
             # and a short last one (not one copy per rank: a model has many tensors, and a copy
             # is a kernel launch on a GPU and a fake op in a dry run).
