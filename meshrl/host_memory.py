@@ -61,3 +61,8 @@ def keep_freed_memory() -> None:
         return
     lib.mallopt(M_MMAP_MAX, min(mmap_max, 2**31 - 1))
     lib.mallopt(M_TRIM_THRESHOLD, min(trim, TRIM_THRESHOLD))
+
+
+def physical_bytes() -> int:
+    """This machine's RAM (what a CPU rank's memory is priced against: its share of it)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -9,7 +9,8 @@ how to get real numbers. A profile named explicitly (``--profile FILE``) must ex
 The stand-in prices time only. Memory is the run's own: weights, gradients and activations in the
 dtype the run takes on this CPU (``train.dtype=auto``: float32 without bf16 dot products, where a
 GPU would take bf16), held as the runtime's CPU code paths hold them (``Hardware.cpu``), so that
-``meshrl plan --dry-run`` compares a prediction of what it executes.
+``meshrl plan --dry-run`` compares a prediction of what it executes; and each rank has its share of
+this machine's RAM, as a profile would give it, not the GPU's 80 GB.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import copy
 import dataclasses
 
 from ..cpu_features import auto_dtype
+from ..host_memory import physical_bytes
 from .hardware_profile import profile_path
 from .problem import Problem, problem_from_config
 
@@ -46,9 +48,10 @@ def planning_config(cfg, profile: str | None = None):
 def planning_problem(cfg, profile: str | None = None) -> tuple[Problem, str]:
     """(the planning problem of ``cfg``, the stand-in's note or ""): ``problem_from_config`` of
     ``planning_config``'s config, whose hardware, under the stand-in, prices memory as the CPU
-    code paths hold it."""
+    code paths hold it, against each rank's share of this machine's RAM."""
     pcfg, note = planning_config(cfg, profile)
     problem = problem_from_config(pcfg, profile)
     if note:
-        problem.hw = dataclasses.replace(problem.hw, cpu=True)
+        problem.hw = dataclasses.replace(problem.hw, cpu=True,
+                                         mem_bytes=physical_bytes() / cfg.cluster.devices_per_node)
     return problem, note

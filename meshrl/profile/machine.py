@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import UserError
+from ..host_memory import physical_bytes
 from ..parallel.precision import torch_dtype
 from .compile import measure_compile
 from .cores import measure_cores
@@ -153,7 +154,7 @@ def profile(quick: bool = False, timeout_s: float = 120.0) -> dict:
     scaling = measure_thread_scaling(cores["cores"], quick, reps, dtype)  # speedup of t threads per rank
     pipeline = measure_pipeline_hop(reps, timeout_s)  # per stage boundary of a decoding step
     host_gap = measure_host_gap(quick, timeout_s)  # the runtime's host time per call
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    mem = physical_bytes()
     return {"version": 1, "device": "cpu", "host": platform.node(), "cpus": os.cpu_count(), **cores,
             "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."),
             "dtype_bytes": dtype.itemsize,

@@ -93,6 +93,10 @@ def test_cpu_without_profile_falls_back_as_train_does_and_says_so(capsys, tmp_pa
     out = capsys.readouterr().out
     assert "no CPU profile" in out and "run `meshrl profile`" in out and "a100-80g" in out
     assert "to plan a cluster" in out and "plan: search" in out
+    # the stand-in prices time; the devices are this CPU, each with its share of the machine's RAM
+    from meshrl.host_memory import physical_bytes
+
+    assert f"on 1 x 1 cpu with a100-80g costs ({physical_bytes() / 2**30:.0f} GiB each)" in out
     from meshrl.config import load_config
     from meshrl.plan.fallback import planning_config
     from meshrl.runtime.plans import resolve_plan
