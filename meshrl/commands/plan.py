@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                                          for n, r in results.items()}, "search_s": search_s, "off_policy": lags}))
         return 0
     c = problem.cluster
-    device = problem.hw.name if problem.hw.name == "cpu" or not problem.hw.cpu else f"cpu with {problem.hw.name} costs"
+    device = problem.hw.name if problem.hw.name == problem.hw.device else f"cpu with {problem.hw.name} costs"
     print(f"{cfg.algo} on {c.nodes} x {c.devices_per_node} {device} "
           f"({problem.hw.mem_bytes / 2**30:.0f} GiB each); {problem.shape.batch_size} prompts x "
           f"{problem.shape.samples_per_prompt} samples, {problem.shape.prompt_len} + {problem.shape.gen_len} tokens"

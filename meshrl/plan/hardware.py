@@ -171,6 +171,11 @@ class Hardware:
     # GPU preset that stands in for one (plan/fallback.py).
     cpu: bool = False
 
+    @property
+    def device(self) -> str:
+        """What the ranks run on, for messages: "cpu" for the CPU and its stand-in, else the preset."""
+        return "cpu" if self.cpu else self.name
+
     def slowdown(self, busy: float) -> float:
         """How much slower a step runs while ``busy`` ranks of its node compute (1.0 for GPUs);
         fractional where a call's ranks take turns (pipelined generation: Estimate.active).

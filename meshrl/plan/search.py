@@ -109,7 +109,7 @@ def _all_candidates(problem: Problem) -> dict[str, list[CallPlan]]:
 
         params = model_costs(spec.model, spec.value_head).total_params
         raise UserError(f"models.{spec.role} ({params / 1e9:.2f}B parameters) fits nowhere: its calls {empty} "
-                        f"fit on no mesh of {problem.cluster.size} x {problem.hw.name} "
+                        f"fit on no mesh of {problem.cluster.size} x {problem.hw.device} "
                         f"({problem.hw.mem_bytes / 2**30:.1f} GiB each); use more devices or a smaller model")
     return cands
 

@@ -153,7 +153,8 @@ def check_memory(cfg: Config, plan: ExecutionPlan) -> None:
             where = f" ({note})" if note else ""
             raise UserError(f"plan call {name} does not fit in memory: it needs {need / 2**30:.2f} GiB "
                             f"({int(need)} bytes) on rank {rank}, more than the {cap / 2**30:.0f} GiB "
-                            f"of one {problem.hw.name} device{where}; use more devices, more tp/pp, or a smaller model")
+                            f"of one {problem.hw.device} device{where}; use more devices, more tp/pp, or a "
+                            "smaller model")
 
 
 def plan_table(plan: ExecutionPlan, off_policy: int = 0) -> str:
