@@ -38,7 +38,8 @@ def report(cfg, problem, plan, every_rank: bool, decode: str, log=None) -> dict:
     fits = all(c["dry_run_mem_gib"] is not None and c["dry_run_mem_gib"] <= cap for c in calls.values())
     steps = cfg.ppo.epochs * cfg.ppo.mini_batches
     worst = WORST_CASE + ([f"decoding: the first two and last two steps of {cfg.data.gen_len} (each step has the "
-                           "shapes of its neighbours, one token of context apart)",
+                           "shapes of its neighbours, one token of context apart); pipelined, every micro-batch "
+                           "prefilled and the decoding passes of the first two (the others' alike)",
                            f"training: the first {min(2, steps)} of each train call's {steps} optimizer steps (alike "
                            "mini-batches: same rows, shapes and collectives)"] if decode == "ends" else [])
     return {"calls": calls,

@@ -15,10 +15,13 @@ pre-flight check wants to see:
 
 With ``decode="ends"`` a decoding loop runs only its first two and last two steps
 (``decode_steps``): every step of the worst case has the same shapes but a context one token
-longer, so the last ones hold the most and the skipped ones issue the same collectives; and a train
-call runs the first two of its optimizer steps (``repeated_steps``: every mini-batch of the worst
-case has the same rows and lengths). This keeps a full-size dry run to minutes. ``decode="all"``
-runs every step.
+longer, so the last ones hold the most and the skipped ones issue the same collectives; pipelined
+decoding runs the decoding passes of its first two micro-batches (``repeated_steps``: every one is
+prefilled, its caches made and held; the others' passes would have the same shapes, one row
+smaller at most); and a train call
+runs the first two of its optimizer steps (``repeated_steps``: every mini-batch of the worst case
+has the same rows and lengths). This keeps a full-size dry run to minutes. ``decode="all"`` runs
+every step.
 
 The dry run of a GPU cluster executes fake *CPU* tensors (fake CUDA tensors need a CUDA build);
 ``device_type(t)`` gives the branches that differ by device the device being simulated ("cuda"),
@@ -53,9 +56,10 @@ def decode_steps(n: int, start: int = 0) -> Iterable[int]:
 
 def repeated_steps(n: int) -> Iterable[int]:
     """The steps to run of a loop of ``n`` steps that the worst case makes alike (a train call's
-    optimizer steps: equal mini-batches of full-length rows): all of them, or under
-    ``decode="ends"`` the first two (the first makes any state the later ones reuse, the second
-    stands for every later one: same shapes, same collectives)."""
+    optimizer steps: equal mini-batches of full-length rows; pipelined decoding's micro-batches,
+    each prefilled, its caches held): all of them, or under ``decode="ends"`` the first two
+    (the first makes any state the later ones reuse, the second stands for every later one: same
+    shapes, same collectives)."""
     if not _ON["on"] or _ON["decode"] == "all":
         return range(n)
     return range(min(n, 2))

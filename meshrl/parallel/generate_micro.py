@@ -113,18 +113,27 @@ def micro_decode(pipe: Pipe, prefill: PassFn, decode: PassFn, make_caches: Calla
                 compact_caches(mb.caches, keep)
                 mb.rows, mb.alive, mb.tok, mb.mask = mb.rows[keep], mb.alive[keep], mb.tok[keep], mb.mask[keep]
 
+    # A dry run's worst case makes every micro-batch's decoding passes alike (full-length rows, the
+    # first micro-batch the largest): those of the first two run and stand for the others'. Every
+    # micro-batch is prefilled (its caches filled, its hidden state sent on and held until the send
+    # completes, as in the run), and its first tokens are received; every stage and tp rank skips
+    # the same passes (model/worst_case.py repeated_steps).
+    alike = worst_case.repeated_steps(len(mbs))
     for mb in mbs:  # the prefills, one micro-batch after another down the pipe
         mb.logits = prefill(mb.ids, mb.mask[:, :p], mb.caches, 0)
         if pipe.last:
             pick(mb, 0)
     for step in worst_case.decode_steps(n, 1):
-        for mb in mbs:
+        for j, mb in enumerate(mbs):
             if mb.done:
                 continue
             if not pipe.last:
                 pick(mb, step - 1)  # the tokens of this micro-batch's previous pass
                 if mb.done:
                     continue
+            if j not in alike:  # a dry run's stand-in: the first two micro-batches decode for it
+                mb.done = True
+                continue
             x = mb.tok[:, None]
             if static:
                 mb.logits = decode(x, mb.mask, mb.caches, slot + step - 1)

@@ -201,6 +201,27 @@ def test_the_steps_the_dry_run_skips_change_no_peak():
 
 
 @pytest.mark.timeout(900)
+def test_the_micro_batches_pipelined_decoding_skips_change_no_peak():
+    """Generation at pp2 with 4 micro-batches in flight (ranks 0-1), the rest dp2 on ranks 2-3:
+    decode='ends' prefills all four and runs the decoding passes of the first two only, with the
+    same peaks per call and rank as every pass executed (among them the prefills' hidden states
+    that stage 0 holds until their sends complete)."""
+    cfg = load_config(None, [*SIZES, "cluster.devices_per_node=4", "data.gen_len=8"])
+    prob = problem_from_config(cfg)
+    calls = {}
+    for c in graph_for(cfg.algo, cfg.data.samples_per_prompt).calls:
+        gen = c.kind == "generate"
+        calls[c.name] = CallPlan(Mesh.range(0 if gen else 2, 2), Layout(1, 1, 2) if gen else Layout(2, 1, 1),
+                                 4 if gen else 1)
+    plan = ExecutionPlan(Cluster(1, 4), calls, "split")
+    ends, every = dry_run(cfg, prob, plan, decode="ends"), dry_run(cfg, prob, plan, decode="all")
+    assert ends.failures == [] and every.failures == []
+    assert _peaks(ends) == _peaks(every)
+    sends = [sum(op.kind == "send" for op in r.ledger.ops) for r in (ends.runs[0], every.runs[0])]
+    assert sends[0] < sends[1]  # fewer passes went down the pipe
+
+
+@pytest.mark.timeout(900)
 def test_ranks_moving_the_same_pieces_in_another_order_are_not_one_class():
     """Generation at tp2pp2 on ranks 2-5 from a tp2 home on ranks 0-1: ranks 2 and 3 receive pieces
     of the same shapes, but each gets the replicated norms partly from the other tp rank, so their
