@@ -20,7 +20,8 @@ decoding runs the decoding passes of its first two micro-batches (``repeated_ste
 prefilled, its caches made and held; the others' passes would have the same shapes, one row
 smaller at most); and a train call
 runs the first two of its optimizer steps (``repeated_steps``: every mini-batch of the worst case
-has the same rows and lengths). This keeps a full-size dry run to minutes. ``decode="all"`` runs
+has the same rows and lengths), each through the micro-batches 1F1B needs to reach its most in
+flight (``pipelined_micro_batches``). This keeps a full-size dry run to minutes. ``decode="all"`` runs
 every step.
 
 The dry run of a GPU cluster executes fake *CPU* tensors (fake CUDA tensors need a CUDA build);
@@ -63,6 +64,17 @@ def repeated_steps(n: int) -> Iterable[int]:
     if not _ON["on"] or _ON["decode"] == "all":
         return range(n)
     return range(min(n, 2))
+
+
+def pipelined_micro_batches(n: int, pp: int) -> int:
+    """How many of a train call's ``n`` micro-batches to run through its ``pp`` pipeline stages (1F1B):
+    all of them, or under ``decode="ends"`` at most max(pp, 2). The worst case makes them alike, and
+    1F1B holds at most pp - stage of them in flight, which pp micro-batches already reach; the
+    gradients, their reduction at the last backward and the optimizer step are the same for any
+    number."""
+    if not _ON["on"] or _ON["decode"] == "all":
+        return n
+    return min(n, max(pp, 2))
 
 
 def device_type(t: torch.Tensor) -> str:

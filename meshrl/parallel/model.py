@@ -22,6 +22,7 @@ from torch import nn
 from ..errors import UserError
 from ..layout.mesh import Placement
 from ..layout.shardmap import ShardMap, check_shardable, shard_map
+from ..model import worst_case
 from ..model.config import ModelConfig
 from ..model.generation import GenerationConfig, GenerationOutput
 from ..model.heads import Batch, HeadOutputs, LossFn, pad_columns, pad_head, split_micro, trim_columns
@@ -180,7 +181,9 @@ class ParallelModel:
             buckets.prepare()
         set_moe_aux(self.stage, moe_aux)  # the router balance loss, injected at each MoE layer
         try:
-            losses = train_1f1b(self.pipe, len(micro), step, self._hidden_shape([c[0] for c in cut]), self.dtype,
+            # a dry run's alike micro-batches: those 1F1B needs to reach its most in flight (model/worst_case.py)
+            n = worst_case.pipelined_micro_batches(len(micro), self.pipe.axis.size)
+            losses = train_1f1b(self.pipe, n, step, self._hidden_shape([c[0] for c in cut]), self.dtype,
                                 before_last_backward=None if buckets is None else buckets.arm)
         finally:
             set_moe_aux(self.stage, 0.0)
