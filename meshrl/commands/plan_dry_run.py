@@ -41,7 +41,8 @@ def report(cfg, problem, plan, every_rank: bool, decode: str, log=None) -> dict:
                            "shapes of its neighbours, one token of context apart); pipelined, every micro-batch "
                            "prefilled and the decoding passes of the first two (the others' alike)",
                            f"training: the first {min(2, steps)} of each train call's {steps} optimizer steps (alike "
-                           "mini-batches: same rows, shapes and collectives)"] if decode == "ends" else [])
+                           "mini-batches: same rows, shapes and collectives), each on max(pp, 2) of its micro-batches "
+                           "(1F1B's most in flight)"] if decode == "ends" else [])
     return {"calls": calls,
             "collectives": {"checked": res.checked, "mismatched": [m.to_dict() for m in res.mismatched],
                             "object_collectives": OBJECTS},
