@@ -18,11 +18,10 @@ With ``decode="ends"`` a decoding loop runs only its first two and last two step
 longer, so the last ones hold the most and the skipped ones issue the same collectives; pipelined
 decoding runs the decoding passes of its first two micro-batches (``repeated_steps``: every one is
 prefilled, its caches made and held; the others' passes would have the same shapes, one row
-smaller at most); and a train call
-runs the first two of its optimizer steps (``repeated_steps``: every mini-batch of the worst case
-has the same rows and lengths), each through the micro-batches 1F1B needs to reach its most in
-flight (``pipelined_micro_batches``). This keeps a full-size dry run to minutes. ``decode="all"`` runs
-every step.
+smaller at most); and a train call runs the first two of its optimizer steps (``repeated_steps``:
+every mini-batch of the worst case has the same rows and lengths), each through the micro-batches
+1F1B needs to reach its most in flight (``pipelined_micro_batches``). This keeps a full-size dry
+run to minutes. ``decode="all"`` runs every step.
 
 The dry run of a GPU cluster executes fake *CPU* tensors (fake CUDA tensors need a CUDA build);
 ``device_type(t)`` gives the branches that differ by device the device being simulated ("cuda"),

@@ -26,15 +26,10 @@ from .problem import Problem, problem_from_config
 STAND_IN_DEVICE = "a100-80g"
 
 
-def stand_in_needed(cfg, profile: str | None = None) -> bool:
-    """Whether planning ``cfg`` takes the stand-in: a CPU cluster, no profile named, none measured here."""
-    return cfg.cluster.device == "cpu" and profile is None and not profile_path().is_file()
-
-
 def planning_config(cfg, profile: str | None = None):
     """(the config the planner prices, a note for the user or ""). The note is empty unless the
     stand-in replaces ``cpu``; then the config names the stand-in device and the run's own dtype."""
-    if not stand_in_needed(cfg, profile):
+    if cfg.cluster.device != "cpu" or profile is not None or profile_path().is_file():
         return cfg, ""
     pcfg = copy.deepcopy(cfg)
     pcfg.cluster.device = STAND_IN_DEVICE
@@ -51,7 +46,7 @@ def planning_problem(cfg, profile: str | None = None) -> tuple[Problem, str]:
     code paths hold it, against each rank's share of this machine's RAM."""
     pcfg, note = planning_config(cfg, profile)
     problem = problem_from_config(pcfg, profile)
-    if note:
+    if note:  # the stand-in replaced cpu
         problem.hw = dataclasses.replace(problem.hw, cpu=True,
                                          mem_bytes=physical_bytes() / cfg.cluster.devices_per_node)
     return problem, note
