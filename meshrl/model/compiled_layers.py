@@ -47,9 +47,9 @@ def _layer_call(layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: to
                 mask: torch.Tensor | None, idx: torch.Tensor | None, token_mask: torch.Tensor | None,
                 cache: KVCache | None = None, last: bool = False) -> torch.Tensor:
     """DecoderLayer.forward from slot 0 (no cache, or a prefill filling ``cache`` from its first
-    slot), its Unpad rebuilt from tensors: cos [B, S, D] is in the padded layout, so B and S are
+    slot), its Unpad rebuilt from tensors: cos [B, 1, S, D] is in the padded layout, so B and S are
     symbolic sizes of an input, not integers the graph would bake in."""
-    unpad = None if idx is None else Unpad(idx, cos.shape[0], cos.shape[1])
+    unpad = None if idx is None else Unpad(idx, cos.shape[0], cos.shape[2])
     return DecoderLayer.forward(layer, h, cos, sin, mask, cache, 0, token_mask, unpad, last)
 
 

@@ -17,5 +17,7 @@ def wide_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in ``wide_dtype(t.dtype)`` (no copy when it is already there)."""
-    return t.to(wide_dtype(t.dtype))
+    """``t`` in ``wide_dtype(t.dtype)`` (``t`` itself when it is already there: no copy, and no
+    dispatch, which a CPU decode step pays per call)."""
+    want = wide_dtype(t.dtype)
+    return t if t.dtype == want else t.to(want)

@@ -27,7 +27,7 @@ from .moe import SparseMoE
 from .rope import rope_cos_sin
 from .. import cpu_features
 from . import worst_case
-from .numerics import wide
+from .numerics import wide, wide_dtype
 
 
 class RMSNorm(nn.Module):
@@ -39,21 +39,23 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
         x32 = wide(x)  # float32 (float64 stays float64)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return self.weight * (x32 if x32.dtype == x.dtype else x32.to(x.dtype))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, S, D] (rope.rope_cos_sin) -> what every layer's ``apply_rope`` reads, made once
+    a forward: cos [B, 1, S, D] and the signed sine [B, 1, S, D], -sin on the first half of D."""
+    half = sin.shape[-1] // 2
+    return cos[:, None], torch.cat((-sin[..., :half], sin[..., half:]), -1)[:, None]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, D]; cos/sin [B, S, D]."""
-    cos, sin = cos[:, None], sin[:, None]
-    return x * cos + _rotate_half(x) * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, S, D]; cos, signed_sin [B, 1, S, D] (``rope_tables``). HF's x * cos +
+    rotate_half(x) * sin, where rotate_half(x) = (-x2, x1): the halves swapped by one roll, the sign
+    carried by the table (the same bits: (-a) * b = a * (-b)), three kernels fewer a call."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -63,13 +65,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     for long query blocks) costs about twice as much (docs/model.md "Decode attention"). Every
     (row, head) is its own small matmul, so a row gets the same bits in any batch."""
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
-    return torch.matmul(_softmax(scores.masked_fill_(mask.logical_not(), float("-inf"))), v)
+    return torch.matmul(_softmax(torch.where(mask, scores, float("-inf"))), v)
 
 
 def _softmax(scores: torch.Tensor) -> torch.Tensor:
     """Softmax over keys in float32 at least, cast back to the scores' dtype (as HF's eager
     attention: bf16 scores, float32 probabilities, bf16 into the value matmul)."""
-    return scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
+    probs = scores.softmax(-1, dtype=wide_dtype(scores.dtype))
+    return probs if probs.dtype == scores.dtype else probs.to(scores.dtype)
 
 
 def short_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -140,7 +143,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
         v = v.view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos[:, -q_len:], sin[:, -q_len:]), apply_rope(k, cos, sin)
+        q_cos, q_sin = (cos, sin) if q_len == s else (cos[:, :, -q_len:], sin[:, :, -q_len:])
+        q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(start, k, v)
         if last and mask is not None:
@@ -314,7 +318,7 @@ class Backbone(nn.Module):
             unpad = Unpad.of(tokens)
             if unpad is not None:
                 h = unpad.pack(h)
-        cos, sin = rope_cos_sin(pos, self.cfg, h.dtype)
+        cos, sin = rope_tables(*rope_cos_sin(pos, self.cfg, h.dtype))
         run = layer_fn or _call_layer
         for i, layer in enumerate(self.layers):
             last = last_only and i == len(self.layers) - 1
