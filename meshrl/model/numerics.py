@@ -16,8 +16,12 @@ def wide_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)``, ``t`` itself when it is already there without calling into torch (a CPU
+    decode step pays that dispatch per call)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def wide(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in ``wide_dtype(t.dtype)`` (``t`` itself when it is already there: no copy, and no
-    dispatch, which a CPU decode step pays per call)."""
-    want = wide_dtype(t.dtype)
-    return t if t.dtype == want else t.to(want)
+    """``t`` in ``wide_dtype(t.dtype)`` (``t`` itself when it is already there)."""
+    return cast(t, wide_dtype(t.dtype))

@@ -27,7 +27,7 @@ from .moe import SparseMoE
 from .rope import rope_cos_sin
 from .. import cpu_features
 from . import worst_case
-from .numerics import wide, wide_dtype
+from .numerics import cast, wide, wide_dtype
 
 
 class RMSNorm(nn.Module):
@@ -41,7 +41,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = wide(x)  # float32 (float64 stays float64)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * (x32 if x32.dtype == x.dtype else x32.to(x.dtype))
+        return self.weight * cast(x32, x.dtype)
 
 
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,8 +71,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 def _softmax(scores: torch.Tensor) -> torch.Tensor:
     """Softmax over keys in float32 at least, cast back to the scores' dtype (as HF's eager
     attention: bf16 scores, float32 probabilities, bf16 into the value matmul)."""
-    probs = scores.softmax(-1, dtype=wide_dtype(scores.dtype))
-    return probs if probs.dtype == scores.dtype else probs.to(scores.dtype)
+    return cast(scores.softmax(-1, dtype=wide_dtype(scores.dtype)), scores.dtype)
 
 
 def short_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
