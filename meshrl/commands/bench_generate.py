@@ -3,7 +3,7 @@
     meshrl bench generate --model DIR --prompts FILE.jsonl --batch-size B --max-new-tokens N
                           [--backend meshrl|vllm] [--compile] [--greedy] [--dtype D] [--chat] --json
 
-prints ``{"tokens_per_s", "seconds", "completions"}``: the second pass over the prompts, timed (the
+prints ``{"tokens_per_s", "seconds", "completions", "dtype"}``: the second pass over the prompts, timed (the
 first, untimed, is the warm-up: a cold first call, with vLLM's engine start or torch.compile's
 tracing, is not a throughput). Tokens are counted up to and including EOS. Both backends get the
 same token ids, sampling settings, per-row seeds and batches; bench/generate.py runs them side by
@@ -34,7 +34,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed of row i: (seed, i)")
     p.add_argument("--chat", action="store_true", help="apply the checkpoint's chat template")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = every usable core)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="parameter dtype")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="parameter dtype (auto: as meshrl generate's)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(prompt=None)
 
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
     complete(engine, prompts, cfg, args.seed, args.batch_size, decode)  # warm-up, untimed
     texts, tokens, seconds = complete(engine, prompts, cfg, args.seed, args.batch_size, decode)
-    out = {"tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "seconds": seconds, "completions": texts}
+    out = {"tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "seconds": seconds, "completions": texts,
+           "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     if args.json:
         print(json.dumps(out))
     else:

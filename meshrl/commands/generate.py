@@ -15,14 +15,17 @@ object a line, {"prompt": TEXT} or, with --chat, {"messages": [{"role": ..., "co
 (meshrl/data/chat.py, as training does) and stops a reply at the template's end of turn.
 Row i samples from seed (S, i) only, so a completion does not depend on --batch-size.
 Without --json the completions are printed one after another; --json prints one object
-{"completions": [TEXT, ...], "tokens_per_s": F, "seconds": F} (input order; seconds = generation
-only, not loading; tokens counted up to and including end-of-sequence).
+{"completions": [TEXT, ...], "tokens_per_s": F, "seconds": F, "dtype": D} (input order; seconds =
+generation only, not loading; tokens counted up to and including end-of-sequence).
+--dtype auto (the default) takes train.dtype=auto's rule: bfloat16 on a CPU with bf16 dot products,
+float32 elsewhere; the choice goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from ..errors import UserError
 from ..model.presets import PRESETS
 from ..data.chat import load_chat_template
 from ..cores import rank_threads
+from ..cpu_features import auto_dtype
 from ..data.chat import end_of_turn_id
 
 
@@ -52,8 +56,18 @@ def add_parser(subparsers) -> None:
     p.add_argument("--compile", action="store_true", help="run the decode step through torch.compile")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0 = auto as train.threads: $OMP_NUM_THREADS if set, else usable cores)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                   help="parameter dtype")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="parameter dtype; auto as train.dtype=auto: bfloat16 on a CPU with bf16 dot products "
+                        "(about 1.2-1.6x float32's tokens/s there), else float32")
+
+
+AUTO_WHY = {"bfloat16": "this CPU has bf16 dot products", "float32": "this CPU has no bf16 dot products"}
+
+
+def resolve_dtype(name: str) -> str:
+    """--dtype as a torch dtype name: ``auto`` is train.dtype=auto's rule on a CPU
+    (cpu_features.auto_dtype; $MESHRL_CPU_BF16 overrides it as there)."""
+    return auto_dtype(gpu=False) if name == "auto" else name
 
 
 def _load(model_arg: str, dtype):
@@ -125,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                                       lambda ids: tok.decode(ids))
     if args.json:
         print(json.dumps({"completions": texts, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-                          "seconds": seconds}))
+                          "seconds": seconds, "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}))
     else:
         for text in texts:
             print(text)
@@ -148,7 +162,10 @@ def prepare(args: argparse.Namespace):
     items = read_prompts(args.prompts, args.chat) if args.prompts is not None else (
         [[{"role": "user", "content": args.prompt}]] if args.chat else [args.prompt])
     torch.set_num_threads(rank_threads(args.threads, 1)[0])  # one process: every usable core by default
-    model, tok = _load(args.model, getattr(torch, args.dtype))
+    dtype = resolve_dtype(args.dtype)
+    if args.dtype == "auto":  # the choice, on stderr: stdout holds only the completions (or the JSON)
+        print(f"dtype: {dtype} (--dtype auto: {AUTO_WHY[dtype]})", file=sys.stderr)
+    model, tok = _load(args.model, getattr(torch, dtype))
     prompts = encode_all(tok, args.model, items, args.chat)
     for i, (item, ids) in enumerate(zip(items, prompts, strict=True)):
         if not ids or item == "":  # an empty text is a slip, even where BOS alone could be a prompt

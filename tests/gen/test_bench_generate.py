@@ -27,7 +27,7 @@ def prompts(tmp_path):
 def test_meshrl_backend(capsys, prompts):
     out = bench(capsys, "--model", "tiny", "--prompts", prompts, "--batch-size", "4", "--max-new-tokens", "8",
                 "--greedy")
-    assert sorted(out) == ["completions", "seconds", "tokens_per_s"]
+    assert sorted(out) == ["completions", "dtype", "seconds", "tokens_per_s"] and out["dtype"] == "float32"
     assert len(out["completions"]) == 6 and out["seconds"] > 0 and out["tokens_per_s"] > 0
 
 

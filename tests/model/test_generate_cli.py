@@ -103,10 +103,25 @@ def test_prompts_file_json_equals_transformers_in_input_order(ckpt, tmp_path, ca
     f.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     got = _json_run(capsys, "--model", str(path), "--prompts", str(f), "--greedy", "--max-new-tokens", "10",
                     "--batch-size", "2")
-    assert sorted(got) == ["completions", "seconds", "tokens_per_s"]
+    assert sorted(got) == ["completions", "dtype", "seconds", "tokens_per_s"]
+    assert got["dtype"] == "float32"  # auto under tests/conftest.py's MESHRL_CPU_BF16=0
     want = [_hf_greedy(ref, hf_tok(t)["input_ids"], 10) for t in texts]
     assert got["completions"] == [hf_tok.decode(w, skip_special_tokens=True) for w in want]
     assert got["seconds"] > 0 and got["tokens_per_s"] == pytest.approx(sum(map(len, want)) / got["seconds"])
+
+
+@pytest.mark.parametrize("bf16, want", [("1", "bfloat16"), ("0", "float32")])
+def test_dtype_auto_follows_train_dtype_auto(monkeypatch, capsys, bf16, want):
+    """--dtype auto (the default) is train.dtype=auto's rule ($MESHRL_CPU_BF16 stands for the CPU's
+    bf16 dot products here), says so on stderr and in the JSON; an explicit dtype wins."""
+    monkeypatch.setenv("MESHRL_CPU_BF16", bf16)
+    assert main(["generate", "--model", "tiny", "--prompt", "hi", "--max-new-tokens", "3", "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["dtype"] == want and f"dtype: {want} (--dtype auto" in out.err
+    assert main(["generate", "--model", "tiny", "--prompt", "hi", "--max-new-tokens", "3", "--json",
+                 "--dtype", "float32"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["dtype"] == "float32" and "--dtype auto" not in out.err
 
 
 def test_sampled_completions_do_not_depend_on_the_batch_size(tmp_path, capsys):
