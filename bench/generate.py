@@ -2,13 +2,21 @@
 (tokens/s, eager and with gen.compile) and one training step (forward + backward of a causal-LM loss).
 
     python bench/generate.py [--preset llama-3m|tiny|small] [--batch 1,8,32] [--new-tokens 32] [--repeats 5]
-                             [--threads 1] [--dtype float32|bfloat16] [--no-compile] [--skip-train]
+                             [--threads 1] [--dtype auto|float32|bfloat16] [--hf-dtype fastest|same|float32|bfloat16]
+                             [--no-compile] [--skip-train]
     python bench/generate.py --model DIR [--batch 8,32] [--new-tokens 64]   (a chat model: SmolLM2's prompts)
     python bench/generate.py --backend meshrl,vllm [--model DIR | --preset llama-3m] [--batch 8,32,64]
                              [--dtype float32,bfloat16] [--new-tokens 64] [--grpo CONFIG.yaml]
 
 The second form generates from a chat checkpoint on both sides (its held-out prompts, rows stopping
 at its end of turn); the third compares meshrl's engine with vLLM instead of transformers (bench/backends.py).
+
+``--dtype auto`` (the default) is meshrl at its default dtype (``train.dtype=auto``'s rule, as
+``meshrl generate --dtype auto``: bf16 on a CPU with bf16 dot products, else float32), and
+``--hf-dtype fastest`` (the default) times transformers at float32 and at bfloat16, each side by
+side with meshrl: the ratio that counts is against transformers' faster dtype (its tokens differ
+from meshrl's where the dtypes do). ``--hf-dtype same`` gives both sides one dtype (the same
+tokens: the engines' numerics compared too).
 
 Both sides get the same checkpoint (saved by meshrl, read by transformers), the same left-padded
 prompts of different lengths, the same thread count; runs alternate ours/theirs so that noise from
@@ -103,9 +111,10 @@ def bench_generate(ours, theirs, prompts, new_tokens: int, repeats: int, compile
             **{f"{k}_tok_s": n / v for k, v in t.items()}}
 
 
-def preset_models(preset: str, dtype):
+def preset_models(preset: str, dtype, hf_dtypes):
     """Both sides' models of a preset with random weights (spread: std 0.1), read by both from one
-    checkpoint directory so that their weights live in the same kind of memory; neither stops at EOS."""
+    checkpoint directory so that their weights live in the same kind of memory; neither stops at EOS.
+    -> (meshrl's model in ``dtype``, {dtype name: transformers' model} for ``hf_dtypes``)."""
     import transformers
     from bench_models import MODELS
 
@@ -120,21 +129,24 @@ def preset_models(preset: str, dtype):
                 p.normal_(0.0, 0.1) if p.dim() > 1 else p.fill_(1.0)
         model.save_pretrained(d)
         ours = load_pretrained(d).to(dtype).eval()
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
+        theirs = {n: transformers.AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, n)).eval()
+                  for n in hf_dtypes}
     # All rows decode new_tokens tokens (a forced min_new_tokens would instead forbid EOS on
     # transformers' side only, and its tokens would differ where EOS wins).
-    theirs.generation_config.eos_token_id = None
+    for m in theirs.values():
+        m.generation_config.eos_token_id = None
     return ours, theirs
 
 
-def checkpoint_workload(path: str, batch: int, dtype):
-    """SmolLM2-like checkpoint directory: both sides' models, its chat-encoded held-out prompts
-    (bench/backends.py's), its end-of-turn id and pad id."""
+def checkpoint_workload(path: str, batch: int, dtype, hf_dtypes):
+    """SmolLM2-like checkpoint directory: meshrl's model, transformers' per dtype of ``hf_dtypes``,
+    its chat-encoded held-out prompts (bench/backends.py's), its end-of-turn id and pad id."""
     import transformers
     from backends import _workload
 
     ours, prompts, cfg = _workload(path, batch, 1, (0, 0), dtype)
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    theirs = {n: transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, n)).eval()
+              for n in hf_dtypes}
     return ours, theirs, prompts, cfg.eos_token_id, cfg.pad_token_id
 
 
@@ -169,8 +181,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (0 = torch's default); 1 makes CPU time a clean measure of work")
-    ap.add_argument("--dtype", default="float32",
-                    help="both sides' weights and activations (bfloat16: AMX matmuls on CPUs that have them)")
+    ap.add_argument("--dtype", default="auto",
+                    help="meshrl's weights and activations: auto (its default: bf16 on a CPU with bf16 dot "
+                         "products, else float32), float32 or bfloat16; with --backend a list of both")
+    ap.add_argument("--hf-dtype", default="fastest",
+                    help="transformers' dtype: fastest (float32 and bfloat16, each timed side by side), "
+                         "same (--dtype's), float32 or bfloat16")
     ap.add_argument("--no-compile", action="store_true", help="skip the gen.compile rows")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--no-thp", action="store_true", help="leave THP_MEM_ALLOC_ENABLE unset")
@@ -188,14 +204,20 @@ def main() -> None:
         if args.grpo:
             grpo_iteration(args.grpo, args.backend.split(","), [])
         return
-    if args.dtype not in ("float32", "bfloat16"):
-        ap.error(f"--dtype {args.dtype!r}: float32 or bfloat16 (a list only with --backend)")
+    if args.dtype not in ("auto", "float32", "bfloat16"):
+        ap.error(f"--dtype {args.dtype!r}: auto, float32 or bfloat16 (a list only with --backend)")
+    if args.hf_dtype not in ("fastest", "same", "float32", "bfloat16"):
+        ap.error(f"--hf-dtype {args.hf_dtype!r}: fastest, same, float32 or bfloat16")
     if args.threads:
         torch.set_num_threads(args.threads)
     from meshrl.host_memory import keep_freed_memory
 
     keep_freed_memory()  # as `meshrl` does; the process is both sides' (meshrl/host_memory.py)
-    dtype = getattr(torch, args.dtype)
+    from meshrl.cpu_features import auto_dtype
+
+    name = auto_dtype(gpu=False) if args.dtype == "auto" else args.dtype
+    dtype = getattr(torch, name)
+    hf_dtypes = {"fastest": ("float32", "bfloat16"), "same": (name,)}.get(args.hf_dtype, (args.hf_dtype,))
 
     import transformers
 
@@ -205,13 +227,15 @@ def main() -> None:
     lo, hi = map(int, args.prompt_len.split(","))
     eos, pad = None, 0
     if args.model:
-        ours, theirs, all_prompts, eos, pad = checkpoint_workload(args.model, max(batches), dtype)
+        ours, theirs, all_prompts, eos, pad = checkpoint_workload(args.model, max(batches), dtype, hf_dtypes)
     else:
-        ours, theirs = preset_models(args.preset, dtype)
+        ours, theirs = preset_models(args.preset, dtype, hf_dtypes)
     cfg = ours.config
+    attn = next(iter(theirs.values())).config._attn_implementation
     print(f"model: {args.model or args.preset!r}, {num_params(cfg) / 1e6:.1f}M parameters; torch {torch.__version__}, "
-          f"transformers {transformers.__version__} (attn {theirs.config._attn_implementation}); "
-          f"{args.dtype}; {torch.get_num_threads()} threads; "
+          f"transformers {transformers.__version__} (attn {attn}); meshrl {name}"
+          f"{' (--dtype auto)' if args.dtype == 'auto' else ''}, transformers {' and '.join(hf_dtypes)}; "
+          f"{torch.get_num_threads()} threads; "
           f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}; "
           f"medians of {args.repeats}, ours and transformers alternating")
     for batch in batches:
@@ -221,16 +245,25 @@ def main() -> None:
         else:
             prompts = _prompts(batch, cfg.vocab_size, lo, hi)
         for compile in (False,) if args.no_compile else (False, True):
-            g = bench_generate(ours, theirs, prompts, args.new_tokens, args.repeats, compile, eos, pad)
-            stops = f", stops at end of turn ({g['tokens']} tokens)" if eos is not None else ""
-            print(f"generate  batch {batch:3d}, prompts {lo}..{hi} tokens, {args.new_tokens} new tokens{stops}, "
-                  f"greedy, gen.compile={str(compile).lower():5s}; same tokens: {g['same_share']:.0%} of rows")
-            for kind in ("wall", "cpu"):
-                o, h = g[f"ours_{kind}_tok_s"], g[f"hf_{kind}_tok_s"]
-                print(f"  by {kind:4s} time: meshrl {o:8.1f} tok/s, transformers {h:8.1f} tok/s, "
-                      f"meshrl/transformers {o / h:.2f}x")
+            ratios = {}
+            for hf_name, model in theirs.items():
+                g = bench_generate(ours, model, prompts, args.new_tokens, args.repeats, compile, eos, pad)
+                stops = f", stops at end of turn ({g['tokens']} tokens)" if eos is not None else ""
+                print(f"generate  batch {batch:3d}, prompts {lo}..{hi} tokens, {args.new_tokens} new tokens{stops}, "
+                      f"greedy, gen.compile={str(compile).lower():5s}, meshrl {name} vs transformers {hf_name}; "
+                      f"same tokens: {g['same_share']:.0%} of rows")
+                for kind in ("wall", "cpu"):
+                    o, h = g[f"ours_{kind}_tok_s"], g[f"hf_{kind}_tok_s"]
+                    print(f"  by {kind:4s} time: meshrl {o:8.1f} tok/s, transformers {h:8.1f} tok/s, "
+                          f"meshrl/transformers {o / h:.2f}x")
+                ratios[hf_name] = (g["ours_wall_tok_s"] / g["hf_wall_tok_s"], g["hf_wall_tok_s"])
+            if len(ratios) > 1:  # against transformers at its faster dtype on this workload
+                fastest = max(ratios, key=lambda k: ratios[k][1])
+                print(f"  => meshrl ({name}) / transformers at its fastest ({fastest}): {ratios[fastest][0]:.2f}x "
+                      "by wall time")
     if args.skip_train:
         return
+    theirs = theirs.get(name, next(iter(theirs.values())))  # the training step: the same dtype where timed
     ours.train()
     theirs.train()
     t = bench_train(ours, theirs, args.train_batch, args.train_seq, cfg.vocab_size, args.repeats)

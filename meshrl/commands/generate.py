@@ -163,8 +163,6 @@ def prepare(args: argparse.Namespace):
         [[{"role": "user", "content": args.prompt}]] if args.chat else [args.prompt])
     torch.set_num_threads(rank_threads(args.threads, 1)[0])  # one process: every usable core by default
     dtype = resolve_dtype(args.dtype)
-    if args.dtype == "auto":  # the choice, on stderr: stdout holds only the completions (or the JSON)
-        print(f"dtype: {dtype} (--dtype auto: {AUTO_WHY[dtype]})", file=sys.stderr)
     model, tok = _load(args.model, getattr(torch, dtype))
     prompts = encode_all(tok, args.model, items, args.chat)
     for i, (item, ids) in enumerate(zip(items, prompts, strict=True)):
@@ -182,6 +180,8 @@ def prepare(args: argparse.Namespace):
                            top_k=args.top_k, top_p=args.top_p, eos_token_id=eos, pad_token_id=pad,
                            compile=args.compile)
     cfg.validate()
+    if args.dtype == "auto":  # the choice, on stderr: stdout holds only the completions (or the JSON)
+        print(f"dtype: {dtype} (--dtype auto: {AUTO_WHY[dtype]})", file=sys.stderr)
     return model, tok, prompts, cfg
 
 

@@ -30,6 +30,13 @@ from . import worst_case
 from .numerics import cast, wide, wide_dtype
 
 
+@torch.compiler.assume_constant_result
+def native_bf16() -> bool:
+    """cpu_features.native_bf16, a constant to torch.compile: it reads /proc/cpuinfo, which dynamo
+    cannot trace (a graph break in every bf16 layer of a compiled decode step or prefill)."""
+    return cpu_features.native_bf16()
+
+
 class RMSNorm(nn.Module):
     """HF's LlamaRMSNorm: normalise in float32, cast back, then scale."""
 
@@ -155,7 +162,7 @@ class Attention(nn.Module):
         # a CPU's own attention kernels below: float32 / float64, and bf16 where the CPU has bf16
         # dot products (meshrl/cpu_features.py); elsewhere SDPA
         own = worst_case.device_type(q) == "cpu" and (q.dtype in (torch.float32, torch.float64) or (
-            q.dtype == torch.bfloat16 and cpu_features.native_bf16()))
+            q.dtype == torch.bfloat16 and native_bf16()))
         if q_len == 1 and mask is not None and (gqa or own):
             # A decode step: the g query heads of a KV head become g queries of one head, so the
             # kernel loops over B x Hkv heads instead of B x Hq; on a CPU it is decode_attention,
@@ -164,7 +171,8 @@ class Attention(nn.Module):
             grouped = q.reshape(b, k.shape[1], -1, self.head_dim)
             out = (decode_attention(grouped, k, v, mask) if own
                    else F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)).reshape(b, 1, -1)
-        elif own and cpu_features.short_attention(q.dtype == torch.bfloat16, k.shape[2]):
+        elif own and q.dtype == torch.bfloat16 and 0 < k.shape[2] <= cpu_features.SHORT_ATTENTION_KEYS:
+            # (cpu_features.short_attention: ``own`` holds bf16 only where the CPU has bf16 dot products)
             # The last query alone sees every key (not causal); docs/model.md "Short attention".
             out = short_attention(q, k, v, mask, causal=not last).transpose(1, 2).reshape(b, q_len, -1)
         else:

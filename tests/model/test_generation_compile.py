@@ -116,3 +116,18 @@ def test_prefill_runs_compiled_and_fills_the_cache_as_eager(pair, monkeypatch):
         full = torch.nn.functional.pad(mask, (0, 32 - ids.shape[1]), value=1)
         ours.model(ids[:, -1:], full, comp_caches, slot, layer_fn=cl.prefill_layer)
         assert len(calls) == len(ours.model.layers)
+
+
+def test_bf16_decode_step_compiles_without_graph_breaks(pair):
+    """In bf16 the attention asks whether the CPU has bf16 dot products (cpu_features reads
+    /proc/cpuinfo, which dynamo cannot trace): a constant to torch.compile, not a graph break in every
+    layer (which left the compiled bf16 step ~1.7x slower)."""
+    import copy
+
+    import torch._dynamo.utils as dynamo_utils
+
+    ours = copy.deepcopy(pair[0]).to(torch.bfloat16)
+    dynamo_utils.counters.clear()
+    generate(ours, _prompts(), GenerationConfig(max_new_tokens=4, greedy=True, eos_token_id=None, pad_token_id=0,
+                                                compile=True))
+    assert not dynamo_utils.counters["graph_break"], dict(dynamo_utils.counters["graph_break"])
