@@ -184,7 +184,10 @@ class Estimate:
     (optimizer state, train calls only) and ``transient`` (gradients, activations, KV cache).
     ``stage_transient``: the transient need of each pipeline stage where the stages differ (1F1B
     keeps pp - i micro-batches in flight on stage i; only the last stage holds the logits); empty:
-    every stage needs ``transient``, which is always the largest of them."""
+    every stage needs ``transient``, which is always the largest of them. ``stage_share``: each
+    stage's parameters over the largest stage's (the embedding on the first stage, the head on the
+    last, the middle ones neither): a stage's weights and optimizer state are those of the busiest
+    (``weights_bytes``, ``state_bytes``) times its share; empty: every stage holds as much."""
 
     time_s: float
     flops: float = 0.0
@@ -198,6 +201,7 @@ class Estimate:
     # Where devices share cores (CPU), the simulator counts a call's busy ranks by it.
     active: float = 1.0
     stage_transient: tuple[float, ...] = ()
+    stage_share: tuple[float, ...] = ()
 
     @property
     def mem_bytes(self) -> float:
@@ -206,6 +210,15 @@ class Estimate:
     def transient_on(self, stage: int) -> float:
         """The transient bytes on pipeline stage ``stage`` (0-based) of the call's layout."""
         return self.stage_transient[stage] if self.stage_transient else self.transient_bytes
+
+    def resident_on(self, stage: int) -> float:
+        """The weights and optimizer state on pipeline stage ``stage`` of the call's layout."""
+        share = self.stage_share[stage] if self.stage_share else 1.0
+        return (self.weights_bytes + self.state_bytes) * share
+
+    def weights_on(self, stage: int) -> float:
+        """The weights alone on pipeline stage ``stage`` (a temporary copy in this layout)."""
+        return self.weights_bytes * (self.stage_share[stage] if self.stage_share else 1.0)
 
 
 def mesh_links(mesh: Mesh, layout: Layout, devices_per_node: int) -> Links:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..layout.mesh import Layout, Mesh
 from .execution_plan import CallPlan, ExecutionPlan
-from .problem import Problem, rank_transients
+from .problem import Problem, rank_resident, rank_transients, rank_weights
 from .estimator import max_micro_batches
 
 
@@ -75,7 +75,7 @@ def fit_micro_batches(problem: Problem, plan: ExecutionPlan) -> ExecutionPlan:
             cand = replace(cp, micro_batches=m)
             est = problem.call_estimate(name, cand)
             owns = rank_transients(cand, est)
-            need = temp + max(resident[r] + own for r, own in zip(cp.mesh.ranks, owns, strict=True))
+            need = max(resident[r] + own + t for r, own, t in zip(cp.mesh.ranks, owns, temp, strict=True))
             key = (need > cap, est.time_s if need <= cap else need)
             if best_key is None or key < best_key:
                 best, best_key = cand, key
@@ -87,19 +87,20 @@ def _resident(problem: Problem, plan: ExecutionPlan) -> list[float]:
     out = [0.0] * problem.cluster.size
     for role in problem.graph.roles():
         h = problem.home(plan, role)
-        est = problem.call_estimate(h, plan.calls[h])
-        for r in plan.calls[h].mesh.ranks:
-            out[r] += est.weights_bytes + est.state_bytes
+        home = plan.calls[h]
+        for r, own in zip(home.mesh.ranks, rank_resident(home, problem.call_estimate(h, home)), strict=True):
+            out[r] += own
     return out
 
 
-def _temp_weights(problem: Problem, plan: ExecutionPlan, name: str) -> float:
+def _temp_weights(problem: Problem, plan: ExecutionPlan, name: str) -> list[float]:
+    """Per rank of the call's mesh, its weights' temporary copy (its stage's; 0 in its home's placement)."""
     role = problem.specs[name].role
     h = problem.home(plan, role)
     cp = plan.calls[name]
     if h == name or plan.calls[h].placement == cp.placement:
-        return 0.0
-    return problem.call_estimate(name, cp).weights_bytes
+        return [0.0] * cp.mesh.size
+    return rank_weights(cp, problem.call_estimate(name, cp))
 
 
 def split_sizes(n: int) -> list[int]:

@@ -159,7 +159,8 @@ def generate(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
         prefill_act += mc.fused_decode_bytes(c.lay.pp, c.lay.tp, c.hw.dtype_bytes)
     # the share of the stages computing at once: their busy seconds over pp x the call's
     active = min(1.0, busy / (c.lay.pp * t)) if t > 0 else 1.0
-    return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=active)
+    return Estimate(t, flops, c.stage_param_bytes, 0.0, kv + logits + prefill_act, acc, active=active,
+                    stage_share=c.stage_share)
 
 
 def generate_turns(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
@@ -178,4 +179,4 @@ def generate_turns(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     peak = max((e for _, e in parts), key=lambda e: e.transient_bytes)
     active = sum(w * e.time_s * e.active for w, e in parts) / t if t > 0 else 1.0
     return Estimate(t, sum(w * e.flops for w, e in parts), peak.weights_bytes, 0.0, peak.transient_bytes, acc,
-                    active=active)
+                    active=active, stage_share=peak.stage_share)

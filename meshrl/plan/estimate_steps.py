@@ -50,6 +50,15 @@ class Ctx:
     def stage_param_bytes(self) -> float:
         return self.mc.max_stage_params(self.lay.pp) / self.lay.tp * self.hw.dtype_bytes
 
+    @property
+    def stage_share(self) -> tuple[float, ...]:
+        """Each pipeline stage's parameters over the largest stage's (Estimate.stage_share); () at pp = 1."""
+        if self.lay.pp == 1:
+            return ()
+        per = self.mc.stage_params_all(self.lay.pp)
+        top = max(per)
+        return tuple(p / top for p in per)
+
 
 def measured_time(fit, units: float, scale: float, tp: int) -> float:
     return fit.latency + fit.sec_per_byte * units * scale / tp

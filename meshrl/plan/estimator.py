@@ -61,7 +61,7 @@ def _inference(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     head = c.mc.head_bytes_per_token(c.lay.tp, dt)
     stages = tuple(b * s * (max(layer, head) if i == c.lay.pp - 1 else layer) for i in range(c.lay.pp))
     return Estimate(t, flops, c.stage_param_bytes, 0.0, max(stages), acc, active=busy_share(c, m),
-                    stage_transient=stages if c.lay.pp > 1 else ())
+                    stage_transient=stages if c.lay.pp > 1 else (), stage_share=c.stage_share)
 
 
 def _train(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
@@ -119,10 +119,17 @@ def _train(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
     # (parallel/overlap.py; with train.overlap_grad_reduce=false it concatenates one bucket at a
     # time, at most min(grad_bytes, bucket), never more than the gather bucket below).
     fp32_grads = 4 * n_local / c.lay.dp if not wide else 0.0
-    gather = (1 + c.lay.dp) * min(grad_bytes / c.lay.dp, bucket) if c.lay.dp > 1 else 0.0
     last = c.lay.pp - 1
-    stages = tuple(grad_bytes + max(activations(i, len(r)) + (logits if i == last else 0.0), fp32_grads, gather)
-                   for i, r in enumerate(stage_layers(c.mc.cfg.num_hidden_layers, c.lay.pp)))
+    share = c.stage_share or (1.0,)
+
+    def stage_need(i: int, layers: int) -> float:
+        """Stage i's gradients (its own parameters') and the larger of its backward's activations
+        and its optimizer step's buffers (both its parameters' too)."""
+        grads = grad_bytes * share[i]
+        gather = (1 + c.lay.dp) * min(grads / c.lay.dp, bucket) if c.lay.dp > 1 else 0.0
+        return grads + max(activations(i, layers) + (logits if i == last else 0.0), fp32_grads * share[i], gather)
+
+    stages = tuple(stage_need(i, len(r)) for i, r in enumerate(stage_layers(c.mc.cfg.num_hidden_layers, c.lay.pp)))
     total = (t_mb + dp + opt) * steps
     if shape.recompute_actor and spec.role == "actor" and not spec.value_head:
         # the rollout-mismatch recompute (algo/mismatch.py): one forward over the replica's whole batch,
@@ -131,7 +138,7 @@ def _train(c: Ctx, spec: CallSpec, shape: RunShape, m: int) -> Estimate:
         acc["recompute"] = re
         total += re
     return Estimate(total, flops, c.stage_param_bytes, state, max(stages), acc, active=busy_share(c, m),
-                    stage_transient=stages if c.lay.pp > 1 else ())
+                    stage_transient=stages if c.lay.pp > 1 else (), stage_share=c.stage_share)
 
 
 def estimate_call(spec: CallSpec, shape: RunShape, layout: Layout, micro_batches: int, hw: Hardware,

@@ -58,14 +58,14 @@ class ModelCosts:
                 n += self.head_params
         return n
 
+    def stage_params_all(self, pp: int) -> tuple[int, ...]:
+        """Parameters of each pipeline stage, in order (layout/mesh.py stage_layers' split: the
+        first L % pp stages one layer more; the embedding on the first, norm and head on the last)."""
+        base, extra = divmod(self.cfg.num_hidden_layers, pp)
+        return tuple(self.stage_params(base + (1 if s < extra else 0), s == 0, s == pp - 1, pp) for s in range(pp))
+
     def max_stage_params(self, pp: int) -> int:
-        L = self.cfg.num_hidden_layers
-        base, extra = divmod(L, pp)
-        best = 0
-        for s in range(pp):
-            layers = base + (1 if s < extra else 0)
-            best = max(best, self.stage_params(layers, s == 0, s == pp - 1, pp))
-        return best
+        return max(self.stage_params_all(pp))
 
     def matmul_flops_per_token(self) -> float:
         """Forward FLOPs per token outside attention scores: 2 x every matmul weight (embedding

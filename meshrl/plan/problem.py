@@ -163,15 +163,15 @@ class Problem:
         homes = {role: self.home(plan, role) for role in self.graph.roles()}
         for role, h in homes.items():
             if h in plan.calls and role not in self.weightless:
-                est = self.call_estimate(h, plan.calls[h])
-                for r in plan.calls[h].mesh.ranks:
-                    resident[r] += est.weights_bytes + est.state_bytes
+                home = plan.calls[h]
+                for r, own in zip(home.mesh.ranks, rank_resident(home, self.call_estimate(h, home)), strict=True):
+                    resident[r] += own
         for name, cp in plan.calls.items():
             if self.specs[name].role in self.weightless:
                 continue
             est = self.call_estimate(name, cp)
-            copy = self._temporary_copy(plan, homes, name, cp, est)
-            for r, own in zip(cp.mesh.ranks, rank_transients(cp, est), strict=True):
+            copies = self._temporary_copy(plan, homes, name, cp, est)
+            for r, own, copy in zip(cp.mesh.ranks, rank_transients(cp, est), copies, strict=True):
                 transient[r] = max(transient[r], own + copy)
         return [a + b for a, b in zip(resident, transient, strict=True)]
 
@@ -192,29 +192,46 @@ class Problem:
         resident = [0.0] * self.cluster.size
         for role, h in homes.items():
             if h in plan.calls and role not in self.weightless:
-                est = self.call_estimate(h, plan.calls[h])
-                for r in plan.calls[h].mesh.ranks:
-                    resident[r] += est.weights_bytes + est.state_bytes
+                home = plan.calls[h]
+                for r, own in zip(home.mesh.ranks, rank_resident(home, self.call_estimate(h, home)), strict=True):
+                    resident[r] += own
         out = {}
         for name, cp in plan.calls.items():
             est = self.call_estimate(name, cp)
-            copy = self._temporary_copy(plan, homes, name, cp, est)
+            copies = self._temporary_copy(plan, homes, name, cp, est)
             owns = [0.0] * cp.mesh.size if self.specs[name].role in self.weightless else rank_transients(cp, est)
-            out[name] = {r: resident[r] + copy + own for r, own in zip(cp.mesh.ranks, owns, strict=True)}
+            out[name] = {r: resident[r] + copy + own
+                         for r, own, copy in zip(cp.mesh.ranks, owns, copies, strict=True)}
         return out
 
-    def _temporary_copy(self, plan: ExecutionPlan, homes: dict, name: str, cp, est) -> float:
-        """The bytes of a call's weights held beside its role's home layout while it runs (0 where
-        the call is the home or runs in the home's placement)."""
+    def _temporary_copy(self, plan: ExecutionPlan, homes: dict, name: str, cp, est) -> list[float]:
+        """Per rank of the call's mesh (in mesh order), the bytes of its weights held beside its
+        role's home layout while it runs: its stage's (0 where the call is the home or runs in the
+        home's placement)."""
         home = plan.calls.get(homes[self.specs[name].role])
         moved = home is not None and name != homes[self.specs[name].role] and cp.placement != home.placement
-        return est.weights_bytes if moved else 0.0
+        return rank_weights(cp, est) if moved else [0.0] * cp.mesh.size
 
     def feasible(self, plan: ExecutionPlan) -> bool:
         return max(self.device_memory(plan)) <= self.hw.mem_bytes
 
     def iteration_flops(self, plan: ExecutionPlan) -> float:
         return sum(self.call_estimate(n, cp).flops for n, cp in plan.calls.items())
+
+
+def rank_resident(cp, est) -> list[float]:
+    """A home call's weights and optimizer state on each rank of its mesh, in mesh order: its
+    pipeline stage's (Estimate.stage_share)."""
+    if not est.stage_share:
+        return [est.weights_bytes + est.state_bytes] * cp.mesh.size
+    return [est.resident_on(cp.layout.coords(i)[2]) for i in range(cp.mesh.size)]
+
+
+def rank_weights(cp, est) -> list[float]:
+    """A call's weights on each rank of its mesh, in mesh order: its pipeline stage's."""
+    if not est.stage_share:
+        return [est.weights_bytes] * cp.mesh.size
+    return [est.weights_on(cp.layout.coords(i)[2]) for i in range(cp.mesh.size)]
 
 
 def rank_transients(cp, est) -> list[float]:

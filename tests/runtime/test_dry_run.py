@@ -295,3 +295,20 @@ def test_the_demo_without_a_profile_is_priced_as_it_runs(tmp_path, monkeypatch, 
     assert res.failures == []
     errs = {c: abs(p[0] - res.measured(c, 0)) / res.measured(c, 0) for c, p in res.predicted.items()}
     assert max(errs.values()) <= 0.10, errs
+
+
+@pytest.mark.timeout(900)
+def test_each_pipeline_stage_is_priced_with_its_own_weights():
+    """A model whose embedding outweighs a stage's layers (qwen2.5-0.5b, tied: the first stage holds
+    the embedding, the last its copy as the head, the middle ones neither), pp4 for every call: the
+    estimator's per-rank peak matches the dry run's on every stage, the middle ones too (priced as
+    the first, they were over-predicted by the embedding of every model and its optimizer state)."""
+    models = [f"models.{r}=qwen2.5-0.5b" for r in ("actor", "ref", "critic", "reward")]
+    cfg, prob, plan = _setup(4, "dp1tp1pp4", tuple(models))
+    res = dry_run(cfg, prob, plan, every_rank=True)
+    assert res.failures == []
+    errs = {(c, r): abs(p - res.measured(c, r)) / res.measured(c, r)
+            for c, per in res.predicted.items() for r, p in per.items()}
+    assert max(errs.values()) <= 0.05, sorted(errs.items(), key=lambda kv: -kv[1])[:4]
+    stage0, middle = res.measured("actor_train", 0), res.measured("actor_train", 1)
+    assert middle < 0.7 * stage0  # the test can tell the stages apart
