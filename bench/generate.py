@@ -196,10 +196,13 @@ def main() -> None:
                     "its end of turn")
     ap.add_argument("--grpo", metavar="CONFIG", help="with --backend: also one GRPO iteration of CONFIG per backend")
     args = ap.parse_args()
+    from meshrl.cpu_features import auto_dtype
+
     if args.backend:
         from backends import compare, grpo_iteration
 
-        compare(args.model or args.preset, [int(b) for b in args.batch.split(",")], args.dtype.split(","),
+        dtypes = [auto_dtype(gpu=False) if d == "auto" else d for d in args.dtype.split(",")]
+        compare(args.model or args.preset, [int(b) for b in args.batch.split(",")], dtypes,
                 args.new_tokens, args.repeats, tuple(map(int, args.prompt_len.split(","))), args.threads)
         if args.grpo:
             grpo_iteration(args.grpo, args.backend.split(","), [])
@@ -213,8 +216,6 @@ def main() -> None:
     from meshrl.host_memory import keep_freed_memory
 
     keep_freed_memory()  # as `meshrl` does; the process is both sides' (meshrl/host_memory.py)
-    from meshrl.cpu_features import auto_dtype
-
     name = auto_dtype(gpu=False) if args.dtype == "auto" else args.dtype
     dtype = getattr(torch, name)
     hf_dtypes = {"fastest": ("float32", "bfloat16"), "same": (name,)}.get(args.hf_dtype, (args.hf_dtype,))
