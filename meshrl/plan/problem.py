@@ -157,15 +157,9 @@ class Problem:
         is on the device, plus the largest transient need of any call that runs there (its
         activations / KV cache / gradients, and a temporary copy of weights not in the home layout).
         A partial plan (calls missing) gets a lower bound: missing calls add nothing."""
-        n = self.cluster.size
-        resident = [0.0] * n
-        transient = [0.0] * n
+        transient = [0.0] * self.cluster.size
         homes = {role: self.home(plan, role) for role in self.graph.roles()}
-        for role, h in homes.items():
-            if h in plan.calls and role not in self.weightless:
-                home = plan.calls[h]
-                for r, own in zip(home.mesh.ranks, rank_resident(home, self.call_estimate(h, home)), strict=True):
-                    resident[r] += own
+        resident = self.resident_bytes(plan, homes)
         for name, cp in plan.calls.items():
             if self.specs[name].role in self.weightless:
                 continue
@@ -174,6 +168,17 @@ class Problem:
             for r, own, copy in zip(cp.mesh.ranks, rank_transients(cp, est), copies, strict=True):
                 transient[r] = max(transient[r], own + copy)
         return [a + b for a, b in zip(resident, transient, strict=True)]
+
+    def resident_bytes(self, plan: ExecutionPlan, homes: dict[str, str]) -> list[float]:
+        """Per device, the weights and optimizer state of every role whose home (``homes``: role ->
+        call) is there, each rank its pipeline stage's."""
+        resident = [0.0] * self.cluster.size
+        for role, h in homes.items():
+            if h in plan.calls and role not in self.weightless:
+                home = plan.calls[h]
+                for r, own in zip(home.mesh.ranks, rank_resident(home, self.call_estimate(h, home)), strict=True):
+                    resident[r] += own
+        return resident
 
     def call_memory(self, plan: ExecutionPlan) -> dict[str, tuple[float, int]]:
         """Per call: (peak bytes, rank) on its busiest rank while it runs: the resident weights and
@@ -189,12 +194,7 @@ class Problem:
         """Per call and rank of its mesh: the predicted peak bytes while the call runs (as
         ``call_memory``, on every rank; what ``--dry-run`` compares rank by rank)."""
         homes = {role: self.home(plan, role) for role in self.graph.roles()}
-        resident = [0.0] * self.cluster.size
-        for role, h in homes.items():
-            if h in plan.calls and role not in self.weightless:
-                home = plan.calls[h]
-                for r, own in zip(home.mesh.ranks, rank_resident(home, self.call_estimate(h, home)), strict=True):
-                    resident[r] += own
+        resident = self.resident_bytes(plan, homes)
         out = {}
         for name, cp in plan.calls.items():
             est = self.call_estimate(name, cp)
