@@ -29,18 +29,21 @@ import torch
 from torch import nn
 
 from .batch_layout import KVCache, Unpad
-from .transformer import DecoderLayer
+from .transformer import DecoderLayer, compile_constants
 
 RECOMPILE_LIMIT = 64  # graphs per compiled function: (batch buckets) x (cache buckets) x models
 
 
-def allow_recompiles() -> None:
-    """Raise dynamo's graphs-per-function limit (8) to RECOMPILE_LIMIT, process-wide (dynamo has no
-    per-function limit): the compiled decode step and compiled layers need more shapes than 8."""
+def before_compile() -> None:
+    """What each torch.compile of these layers needs first, process-wide: dynamo's graphs-per-function
+    limit (8) raised to RECOMPILE_LIMIT (dynamo has no per-function limit: the compiled decode step and
+    compiled layers need more shapes than 8), and the layers' constants marked
+    (transformer.compile_constants)."""
     import torch._dynamo  # only when compiling (slow to import)
 
     cfg = torch._dynamo.config
     cfg.cache_size_limit = max(cfg.cache_size_limit, RECOMPILE_LIMIT)
+    compile_constants()
 
 
 def _layer_call(layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -55,7 +58,7 @@ def _layer_call(layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: to
 
 @cache
 def _compiled_layer_call():
-    allow_recompiles()  # grad x padding x cache x shapes
+    before_compile()  # grad x padding x cache x shapes
     return torch.compile(_layer_call, dynamic=True)
 
 
@@ -63,7 +66,7 @@ def _compiled_layer_call():
 def _compiled_prefill_call(device_type: str):
     """The prefill's own compiled function: inference only, so on a CPU with inductor's C++ wrapper,
     which takes less per prefill than the Python one (docs/model.md "Compiled layers")."""
-    allow_recompiles()
+    before_compile()
     options = {"cpp_wrapper": True} if device_type == "cpu" else None
     return torch.compile(_layer_call, dynamic=True, options=options)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError
-from .compiled_layers import allow_recompiles, prefill_layer
+from .compiled_layers import before_compile, prefill_layer
 from .sampling import filter_logits, row_keys, sample_tokens
 from .batch_layout import KVCache
 from .decode_weights import head_call, make_caches
@@ -150,7 +150,7 @@ def compiled(name: str, fn: Callable, owner: torch.nn.Module) -> Callable:
     as CUDA graph replays require)."""
     cache = owner.__dict__.setdefault("_meshrl_compiled", {})
     if name not in cache:
-        allow_recompiles()
+        before_compile()
         param = next(owner.parameters(), None)
         if param is not None and param.device.type == "cuda":
             cache[name] = torch.compile(fn, dynamic=False, mode="reduce-overhead")

@@ -30,11 +30,17 @@ from . import worst_case
 from .numerics import cast, wide, wide_dtype
 
 
-@torch.compiler.assume_constant_result
 def native_bf16() -> bool:
-    """cpu_features.native_bf16, a constant to torch.compile: it reads /proc/cpuinfo, which dynamo
-    cannot trace (a graph break in every bf16 layer of a compiled decode step or prefill)."""
+    """cpu_features.native_bf16, which torch.compile takes as a constant (``compile_constants``)."""
     return cpu_features.native_bf16()
+
+
+def compile_constants() -> None:
+    """Before torch.compile traces these layers: ``native_bf16`` is a constant to dynamo (it reads
+    /proc/cpuinfo, which dynamo cannot trace: a graph break in every bf16 layer). Marked here, not at
+    import: torch.compiler imports dynamo, which then keeps the default process group alive past
+    its destruction (tests/runtime/test_launch.py)."""
+    torch.compiler.assume_constant_result(native_bf16)
 
 
 class RMSNorm(nn.Module):
