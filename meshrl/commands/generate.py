@@ -58,7 +58,7 @@ def add_parser(subparsers) -> None:
                    help="torch CPU threads (0 = auto as train.threads: $OMP_NUM_THREADS if set, else usable cores)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="parameter dtype; auto as train.dtype=auto: bfloat16 on a CPU with bf16 dot products "
-                        "(about 1.2-1.6x float32's tokens/s there), else float32")
+                        "(the faster there on models of 3M parameters and more), else float32")
 
 
 AUTO_WHY = {"bfloat16": "this CPU has bf16 dot products", "float32": "this CPU has no bf16 dot products"}
