@@ -54,10 +54,15 @@ def native_bf16(cpuinfo: Path = CPUINFO) -> bool:
     return any(f in cpu_flags(cpuinfo) for f in BF16_FLAGS)
 
 
+def short_keys(keys: int) -> bool:
+    """Whether ``keys`` keys are few enough for short_attention (at most SHORT_ATTENTION_KEYS)."""
+    return 0 < keys <= SHORT_ATTENTION_KEYS
+
+
 def short_attention(bf16: bool, keys: int) -> bool:
     """Whether attention over ``keys`` keys runs as short_attention on this CPU: bf16 on a CPU with
     bf16 dot products, at most SHORT_ATTENTION_KEYS keys."""
-    return bf16 and 0 < keys <= SHORT_ATTENTION_KEYS and native_bf16()
+    return bf16 and short_keys(keys) and native_bf16()
 
 
 def bf16_by_default(env: dict[str, str] | None = None) -> bool:

@@ -17,7 +17,7 @@ import json
 
 from ..errors import UserError
 from .generate import meshrl_engine
-from .generate import complete, prepare
+from .generate import complete, dtype_name, prepare
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     complete(engine, prompts, cfg, args.seed, args.batch_size, decode)  # warm-up, untimed
     texts, tokens, seconds = complete(engine, prompts, cfg, args.seed, args.batch_size, decode)
     out = {"tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "seconds": seconds, "completions": texts,
-           "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+           "dtype": dtype_name(model)}
     if args.json:
         print(json.dumps(out))
     else:

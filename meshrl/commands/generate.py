@@ -64,6 +64,11 @@ def add_parser(subparsers) -> None:
 AUTO_WHY = {"bfloat16": "this CPU has bf16 dot products", "float32": "this CPU has no bf16 dot products"}
 
 
+def dtype_name(model) -> str:
+    """The dtype a loaded model runs in, as --dtype names it (the JSON's "dtype")."""
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
 def resolve_dtype(name: str) -> str:
     """--dtype as a torch dtype name: ``auto`` is train.dtype=auto's rule on a CPU
     (cpu_features.auto_dtype; $MESHRL_CPU_BF16 overrides it as there)."""
@@ -139,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
                                       lambda ids: tok.decode(ids))
     if args.json:
         print(json.dumps({"completions": texts, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-                          "seconds": seconds, "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}))
+                          "seconds": seconds, "dtype": dtype_name(model)}))
     else:
         for text in texts:
             print(text)

@@ -177,7 +177,7 @@ class Attention(nn.Module):
             grouped = q.reshape(b, k.shape[1], -1, self.head_dim)
             out = (decode_attention(grouped, k, v, mask) if own
                    else F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)).reshape(b, 1, -1)
-        elif own and q.dtype == torch.bfloat16 and 0 < k.shape[2] <= cpu_features.SHORT_ATTENTION_KEYS:
+        elif own and q.dtype == torch.bfloat16 and cpu_features.short_keys(k.shape[2]):
             # (cpu_features.short_attention: ``own`` holds bf16 only where the CPU has bf16 dot products)
             # The last query alone sees every key (not causal); docs/model.md "Short attention".
             out = short_attention(q, k, v, mask, causal=not last).transpose(1, 2).reshape(b, q_len, -1)
