@@ -65,7 +65,10 @@ class KVCache:
     the layer's projections concatenated for the generation this cache lives through (the weights
     do not change during it), or None; see decode_weights.fused_weights. ``packed``: the layer's
     projections reordered for oneDNN's matmul for that generation (decode_weights.PackedLayer), or None;
-    ``head``: the same for the LM head, on the last layer's cache of the stage that holds it."""
+    ``head``: the same for the LM head, on the last layer's cache of the stage that holds it.
+    ``whole_reads``: an eager decode step may attend over the whole buffers, the unwritten slots
+    masked (``reads_whole``), where a batched matmul copies a strided prefix (bf16 on a CPU:
+    decode_weights.whole_cache_reads)."""
 
     def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str) -> None:
@@ -75,6 +78,7 @@ class KVCache:
         self.gate_up: torch.Tensor | None = None
         self.packed = None  # decode_weights.PackedLayer
         self.head = None  # decode_weights.Packed
+        self.whole_reads = False
 
     def update(self, start: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,6 +94,13 @@ class KVCache:
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reads_whole(self, filled: int) -> bool:
+        """Whether a decode step with ``filled`` slots written reads the whole buffers instead of
+        the filled prefix (``whole_reads``): where at least half the slots are written, since the
+        prefix's copy costs about what the product over it does (docs/model.md "Whole-cache reads").
+        The unwritten slots hold zeros: masked, they add exact zeros to the output."""
+        return self.whole_reads and 2 * filled >= self.k.shape[2]
 
 
 def build_mask(key_mask: torch.Tensor, q_len: int, sliding_window: int | None = None,

@@ -34,6 +34,8 @@ def make_caches(model, batch: int, max_len: int, pack: bool = True, rows: int | 
     w = attn.k_proj.weight
     kv_heads = w.shape[0] // attn.head_dim
     caches = [KVCache(batch, kv_heads, max_len, attn.head_dim, w.dtype, w.device) for _ in layers]
+    for c in caches:
+        c.whole_reads = whole_cache_reads(w)
     if pack and pack_projections(w):
         for layer, c in zip(layers, caches, strict=True):
             c.packed = PackedLayer.of(layer, rows or batch)
@@ -69,6 +71,14 @@ def pack_projections(weight: torch.Tensor) -> bool:
     return ((weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and native_bf16()))
             and worst_case.device_type(weight) == "cpu" and torch.backends.mkldnn.is_available()
             and (worst_case.active() or type(weight) in (torch.Tensor, torch.nn.Parameter)))
+
+
+def whole_cache_reads(weight: torch.Tensor) -> bool:
+    """Whether eager decode steps attend over whole KV buffers (KVCache.reads_whole): bf16 on a
+    CPU, where the batched matmul (oneDNN's) copies the filled prefix of each (row, head), a strided
+    batch, into a contiguous one at every step, as it does not in float32 (MKL's) (docs/model.md
+    "Whole-cache reads"). A dry run's fake tensors take the path too."""
+    return weight.dtype == torch.bfloat16 and worst_case.device_type(weight) == "cpu"
 
 
 def native_bf16() -> bool:

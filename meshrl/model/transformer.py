@@ -124,22 +124,21 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache | None = None, start: int = 0, unpad: Unpad | None = None,
-                last: bool = False) -> torch.Tensor:
-        """x [B, S, hidden], or its real tokens [1, N, hidden] with ``unpad`` (then so is the
-        output); mask [B, 1, S, T] boolean (True = attend), T = start + S; or None for plain causal
-        attention over S = T keys (then SDPA takes its is_causal path). ``last``: keys and values
-        of every position (and the cache filled with them), the output of position S-1 only,
-        [B, 1, hidden] (a prefill's last layer: no other position's output is ever read)."""
-        packed = None if cache is None else cache.packed  # decode_weights.PackedLayer: oneDNN-ordered copies
+    def _rotated_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None,
+                     unpad: Unpad | None, last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, Hq, S', D] (S' = 1 with ``last``), k, v [B, Hkv, S, D], q and k rotated (see forward)."""
+        sizes = [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]]
+        packed = None if cache is None else cache.packed
         if packed is not None:
-            q, k, v = packed.qkv(x).split(
-                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
-            q = last_position(q, unpad) if last else q
+            qkv = packed.qkv(x)
         elif cache is not None and cache.qkv is not None:  # one matmul for three (decode_weights.fused_weights)
-            q, k, v = F.linear(x, *cache.qkv).split(
-                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
+            qkv = F.linear(x, *cache.qkv)
+        else:
+            qkv = None
+        if qkv is not None and unpad is None and not self.qk_norm:
+            return self._joint_rope(qkv, cos, sin, sizes[0] // self.head_dim, last)
+        if qkv is not None:
+            q, k, v = qkv.split(sizes, -1)
             q = last_position(q, unpad) if last else q
         else:
             q = self.q_proj(last_position(x, unpad) if last else x)
@@ -156,7 +155,31 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
         v = v.view(b, s, -1, self.head_dim).transpose(1, 2)
         q_cos, q_sin = (cos, sin) if q_len == s else (cos[:, :, -q_len:], sin[:, :, -q_len:])
-        q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
+        return apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin), v
+
+    def _joint_rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int, last: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The fused projections' output qkv [B, S, (Hq + 2 Hkv) D] -> q, k, v as ``_rotated_qkv``:
+        the q and k heads, adjacent in qkv, rotated by one ``apply_rope`` over both (the same bits as
+        one each: every element's formula is unchanged), four kernels fewer a layer."""
+        b, s = qkv.shape[:2]
+        heads = qkv.view(b, s, -1, self.head_dim)  # [B, S, Hq + 2 Hkv, D]
+        kv_heads = (heads.shape[2] - q_heads) // 2
+        qk = apply_rope(heads[:, :, :q_heads + kv_heads], cos.transpose(1, 2), sin.transpose(1, 2))
+        q = qk[:, -1:, :q_heads] if last else qk[:, :, :q_heads]
+        return q.transpose(1, 2), qk[:, :, q_heads:].transpose(1, 2), heads[:, :, q_heads + kv_heads:].transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache | None = None, start: int = 0, unpad: Unpad | None = None,
+                last: bool = False) -> torch.Tensor:
+        """x [B, S, hidden], or its real tokens [1, N, hidden] with ``unpad`` (then so is the
+        output); mask [B, 1, S, T] boolean (True = attend), T = start + S; or None for plain causal
+        attention over S = T keys (then SDPA takes its is_causal path). ``last``: keys and values
+        of every position (and the cache filled with them), the output of position S-1 only,
+        [B, 1, hidden] (a prefill's last layer: no other position's output is ever read)."""
+        packed = None if cache is None else cache.packed  # decode_weights.PackedLayer: oneDNN-ordered copies
+        q, k, v = self._rotated_qkv(x, cos, sin, cache, unpad, last)
+        b, q_len = k.shape[0], q.shape[2]
         if cache is not None:
             k, v = cache.update(start, k, v)
         if last and mask is not None:
@@ -175,6 +198,9 @@ class Attention(nn.Module):
             # elsewhere SDPA (docs/model.md "Decode attention").
             # out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
             grouped = q.reshape(b, k.shape[1], -1, self.head_dim)
+            if own and cache is not None and cache.reads_whole(k.shape[2]):
+                mask = F.pad(mask, (0, cache.k.shape[2] - k.shape[2]))  # the unwritten slots: False
+                k, v = cache.k, cache.v
             out = (decode_attention(grouped, k, v, mask) if own
                    else F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)).reshape(b, 1, -1)
         elif own and q.dtype == torch.bfloat16 and cpu_features.short_keys(k.shape[2]):
