@@ -16,10 +16,12 @@ from ..model.numerics import wide_dtype
 
 def generation_config(cfg: Config, tok, greedy: bool = False) -> GenerationConfig:
     """The run's sampling settings (or greedy decoding) for gen_len new tokens, stopping at EOS, or
-    at the chat template's end-of-turn token under data.chat_template."""
+    at the chat template's end-of-turn token under data.chat_template. Nothing of the weights is
+    kept between calls (GenerationConfig.keep_weights): they change every step."""
     return GenerationConfig(max_new_tokens=cfg.data.gen_len, greedy=greedy, temperature=cfg.gen.temperature,
                             top_k=cfg.gen.top_k, top_p=cfg.gen.top_p, eos_token_id=stop_token_id(cfg, tok),
-                            pad_token_id=tok.pad_token_id, compile=True if cfg.gen.compile is True else None)
+                            pad_token_id=tok.pad_token_id, compile=True if cfg.gen.compile is True else None,
+                            keep_weights=False)
 
 
 def stop_token_id(cfg: Config, tok) -> int | None:

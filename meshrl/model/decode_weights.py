@@ -23,29 +23,70 @@ from . import worst_case
 from .batch_layout import KVCache
 
 
-def make_caches(model, batch: int, max_len: int, pack: bool = True, rows: int | None = None) -> list[KVCache]:
+def make_caches(model, batch: int, max_len: int, pack: bool = True, rows: int | None = None,
+                keep: bool = False) -> list[KVCache]:
     """One static cache per local layer, sized for the heads this module actually holds, carrying
     the layer's fused projections where they pay (``fused_weights``) or, with ``pack`` (eager
     decoding), its projections and the LM head ordered for oneDNN where that applies
     (``pack_projections``). ``rows``: the batch the decode steps run at, when the prefill runs
-    fewer (each distinct prompt once; None: ``batch``), the packed matmuls' row hint."""
+    fewer (each distinct prompt once; None: ``batch``), the packed matmuls' row hint.
+    ``keep``: those copies stay with the model for the next call while its weights are unchanged
+    (``decode_copies``)."""
     layers = model.model.layers
     attn = layers[0].self_attn
     w = attn.k_proj.weight
     kv_heads = w.shape[0] // attn.head_dim
     caches = [KVCache(batch, kv_heads, max_len, attn.head_dim, w.dtype, w.device) for _ in layers]
-    for c in caches:
+    copies = decode_copies(model, rows or batch, pack, keep)
+    for c, (packed, qkv, gate_up) in zip(caches, copies.layers, strict=True):
         c.whole_reads = whole_cache_reads(w)
-    if pack and pack_projections(w):
-        for layer, c in zip(layers, caches, strict=True):
-            c.packed = PackedLayer.of(layer, rows or batch)
-        head = lm_head_of(model)
-        if head is not None and caches:
-            caches[-1].head = Packed(head.weight, head.bias, rows or batch)
-    elif fuse_projections(w):
-        for layer, c in zip(layers, caches, strict=True):
-            c.qkv, c.gate_up = fused_weights(layer)
+        c.packed, c.qkv, c.gate_up = packed, qkv, gate_up
+    if caches:
+        caches[-1].head = copies.head
     return caches
+
+
+@dataclass
+class DecodeCopies:
+    """The copies of a model's weights one generation decodes with: per local layer (PackedLayer or
+    None, fused q|k|v weight and bias or None, fused gate|up or None), and the packed LM head or None."""
+
+    layers: list[tuple]
+    head: "Packed | None"
+
+
+def decode_copies(model, rows: int, pack: bool, keep: bool) -> DecodeCopies:
+    """``make_caches``' weight copies: packed (``pack`` and ``pack_projections``), fused
+    (``fuse_projections``) or none. With ``keep``, they stay on the model and the next call takes
+    them while every parameter is the same tensor at the same version (an in-place update, an
+    optimizer step or a load, bumps it), rows and ``pack`` unchanged: an eval loop or `meshrl
+    generate`'s batches pack once, at the cost of the copies held between calls. Without it
+    (the RL runtime's rollouts: new weights every step, and memory the planner prices as held
+    during the call only) nothing is held after the call, and a kept set is dropped."""
+    kept = model.__dict__.pop("_meshrl_decode_copies", None)
+    key = (rows, pack, weights_version(model)) if keep and not worst_case.active() else None
+    copies = kept[1] if key is not None and kept is not None and kept[0] == key else _copies(model, rows, pack)
+    if key is not None:
+        model.__dict__["_meshrl_decode_copies"] = (key, copies)
+    return copies
+
+
+def weights_version(model) -> tuple:
+    """What identifies a module's weights' current values: each parameter's identity, storage and
+    version counter."""
+    return tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
+
+
+def _copies(model, rows: int, pack: bool) -> DecodeCopies:
+    layers = model.model.layers
+    w = layers[0].self_attn.k_proj.weight
+    if pack and pack_projections(w):
+        head = lm_head_of(model)
+        return DecodeCopies([(PackedLayer.of(layer, rows), None, None) for layer in layers],
+                            None if head is None else Packed(head.weight, head.bias, rows))
+    if fuse_projections(w):
+        return DecodeCopies([(None, *fused_weights(layer)) for layer in layers], None)
+    return DecodeCopies([(None, None, None) for _ in layers], None)
 
 
 def lm_head_of(model) -> torch.nn.Module | None:

@@ -65,6 +65,11 @@ class GenerationConfig:
     # response (a partial rollout re-prefilled with new weights, meshrl/algo/partial.py) draws the
     # noise of the steps it is at, as if it had not been interrupted.
     first_step: int = 0
+    # Keep the copies of the weights a call decodes with (packed or fused: decode_weights.py) with the
+    # model, for the next call to reuse while the weights are unchanged (decode_copies): an eval loop
+    # or a CLI's batches pack once, one copy of the weights held between calls. The RL runtime's
+    # rollouts (algo/rollout.generation_config), whose weights change every step, hold none.
+    keep_weights: bool = True
 
     @property
     def use_compile(self) -> bool:
@@ -326,7 +331,7 @@ def generate(model: CausalLM, prompts: list[list[int]], cfg: GenerationConfig,
     batch = PromptBatch.of(prompts, cfg.pad_token_id, device, sliding_window=model.config.sliding_window)
     caches = make_caches(model, batch.cache_rows, cache_length(batch.ids.shape[1] + cfg.max_new_tokens,
                                                                cfg.use_compile),
-                         pack=not cfg.use_compile, rows=len(prompts))
+                         pack=not cfg.use_compile, rows=len(prompts), keep=cfg.keep_weights)
     both = compiled("decode_and_pick", decode_and_pick, model) if cfg.use_compile else None
 
     def prefill(x: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:

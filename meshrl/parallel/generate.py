@@ -87,9 +87,10 @@ def pipelined_generate(stage: Stage, pipe: Pipe, tp: Axis, prompts: list[list[in
     if micro:
         return micro_decode(pipe, lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, pre),
                             lambda x, mask, caches, start: _step(stage, pipe, tp, x, mask, caches, start, fwd),
-                            lambda b: make_caches(stage, b, cache_len, pack=not static), batch.ids, batch.mask, keys,
-                            cfg, m, static, wide_dtype(stage.dtype))
-    caches = make_caches(stage, batch.cache_rows, cache_len, pack=not static, rows=len(prompts))
+                            lambda b: make_caches(stage, b, cache_len, pack=not static, keep=cfg.keep_weights),
+                            batch.ids, batch.mask, keys, cfg, m, static, wide_dtype(stage.dtype))
+    caches = make_caches(stage, batch.cache_rows, cache_len, pack=not static, rows=len(prompts),
+                         keep=cfg.keep_weights)
 
     def pick(logits: torch.Tensor | None, rows: torch.Tensor, step: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -72,3 +72,29 @@ def test_packed_bf16_matmul_is_the_linear_and_batch_invariant():
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), rtol=1e-2, atol=2e-2)
     assert torch.equal(lin(x[:5]), got[:5])  # a compacted batch: the same bits
+
+
+def test_kept_copies_serve_the_next_call_until_the_weights_change():
+    model = build_model("tiny", seed=0)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    cfg = GenerationConfig(max_new_tokens=6, greedy=True, eos_token_id=None, pad_token_id=0)
+    first = generate(model, prompts, cfg)
+    kept = model.__dict__["_meshrl_decode_copies"][1]
+    assert kept.layers[0][0] is not None and kept.head is not None  # packed (float32 on a CPU)
+    again = generate(model, prompts, cfg)
+    assert model.__dict__["_meshrl_decode_copies"][1] is kept  # taken, not packed anew
+    assert torch.equal(again.response_logprobs, first.response_logprobs)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.tensor([[5, 6, 7, 8]])).float().logsumexp(-1).sum().backward()
+    opt.step()  # in place: every parameter's version moves
+    after = generate(model, prompts, cfg)
+    assert model.__dict__["_meshrl_decode_copies"][1] is not kept
+    fresh = build_model("tiny", seed=0)
+    fresh.load_state_dict(model.state_dict())
+    want = generate(fresh, prompts, GenerationConfig(max_new_tokens=6, greedy=True, eos_token_id=None,
+                                                     pad_token_id=0, keep_weights=False))
+    assert torch.equal(after.response_logprobs, want.response_logprobs)
+    assert not torch.equal(after.response_logprobs, first.response_logprobs)
+    assert "_meshrl_decode_copies" not in fresh.__dict__
+    generate(model, prompts, GenerationConfig(max_new_tokens=2, greedy=True, keep_weights=False))
+    assert "_meshrl_decode_copies" not in model.__dict__  # a call that keeps nothing drops a kept set
