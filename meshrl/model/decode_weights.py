@@ -64,17 +64,22 @@ def decode_copies(model, rows: int, pack: bool, keep: bool) -> DecodeCopies:
     (the RL runtime's rollouts: new weights every step, and memory the planner prices as held
     during the call only) nothing is held after the call, and a kept set is dropped."""
     kept = model.__dict__.pop("_meshrl_decode_copies", None)
-    key = (rows, pack, weights_version(model)) if keep and not worst_case.active() else None
+    version = weights_version(model) if keep and not worst_case.active() else None
+    key = None if version is None else (rows, pack, version)
     copies = kept[1] if key is not None and kept is not None and kept[0] == key else _copies(model, rows, pack)
     if key is not None:
         model.__dict__["_meshrl_decode_copies"] = (key, copies)
     return copies
 
 
-def weights_version(model) -> tuple:
+def weights_version(model) -> tuple | None:
     """What identifies a module's weights' current values: each parameter's identity, storage and
-    version counter."""
-    return tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
+    version counter; None where one is an inference tensor (made under torch.inference_mode), which
+    has no version counter: its changes cannot be seen, so nothing is kept for it."""
+    params = list(model.parameters())
+    if any(p.is_inference() for p in params):
+        return None
+    return tuple((id(p), p.data_ptr(), p._version) for p in params)
 
 
 def _copies(model, rows: int, pack: bool) -> DecodeCopies:

@@ -98,3 +98,16 @@ def test_kept_copies_serve_the_next_call_until_the_weights_change():
     assert "_meshrl_decode_copies" not in fresh.__dict__
     generate(model, prompts, GenerationConfig(max_new_tokens=2, greedy=True, keep_weights=False))
     assert "_meshrl_decode_copies" not in model.__dict__  # a call that keeps nothing drops a kept set
+
+
+def test_weights_made_under_inference_mode_are_packed_every_call():
+    with torch.inference_mode():  # inference tensors have no version counter: nothing can be kept
+        model = build_model("tiny", seed=0)
+    prompts = [[5, 6, 7], [8, 9]]
+    cfg = GenerationConfig(max_new_tokens=3, greedy=True, eos_token_id=None, pad_token_id=0)
+    first = generate(model, prompts, cfg)
+    assert "_meshrl_decode_copies" not in model.__dict__
+    with torch.inference_mode():
+        for p in model.parameters():
+            p.mul_(0.5)
+    assert not torch.equal(generate(model, prompts, cfg).response_logprobs, first.response_logprobs)
