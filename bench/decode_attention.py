@@ -1,4 +1,4 @@
-"""A CPU decode step's attention: meshrl's ``transformer.decode_attention`` (two batched matmuls
+"""A CPU decode step's attention: meshrl's ``attention.decode_attention`` (two batched matmuls
 and a masked softmax) against SDPA's flash kernel, side by side in one run, on the same tensors.
 
     python bench/decode_attention.py [--batch 32] [--kv-heads 3] [--group 3] [--head-dim 64]
@@ -20,7 +20,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from meshrl.model.transformer import decode_attention
+from meshrl.model.attention import decode_attention
 
 
 def per_call_us(fn, calls: int) -> float:

@@ -1,5 +1,5 @@
 """A CPU's attention over whole sequences (training, reference / critic inference, a prefill):
-meshrl's ``transformer.short_attention`` (two matmuls and a softmax over the materialised scores)
+meshrl's ``attention.short_attention`` (two matmuls and a softmax over the materialised scores)
 against SDPA's flash kernel, side by side in one run, forward and forward + backward, at each
 sequence length: where the crossover lies that ``cpu_features.SHORT_ATTENTION_KEYS`` encodes.
 
@@ -23,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from meshrl.model.transformer import short_attention
+from meshrl.model.attention import short_attention
 
 SHAPES = {"llama-3m": (8, 4, 32), "smollm2": (9, 3, 64)}
 

@@ -26,7 +26,7 @@ from .errors import UserError
 CPUINFO = Path("/proc/cpuinfo")
 # The longest key length at which bf16 attention over whole sequences (training, reference /
 # critic inference, a prefill) runs on such a CPU as two bf16 matmuls and a float32 softmax over the
-# materialised scores (model/transformer.py short_attention) instead of SDPA's flash kernel on
+# materialised scores (model/attention.py short_attention) instead of SDPA's flash kernel on
 # float32 copies, whose blocking is built for long sequences: `python bench/short_attention.py`
 # measures the crossover (docs/model.md "Short attention"); the estimator prices the scores
 # (plan/model_costs.py).

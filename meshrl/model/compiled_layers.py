@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from .batch_layout import KVCache, Unpad
-from .transformer import DecoderLayer, compile_constants
+from .attention import compile_constants
+from .transformer import DecoderLayer
 
 RECOMPILE_LIMIT = 64  # graphs per compiled function: (batch buckets) x (cache buckets) x models
 
@@ -38,7 +39,7 @@ def before_compile() -> None:
     """What each torch.compile of these layers needs first, process-wide: dynamo's graphs-per-function
     limit (8) raised to RECOMPILE_LIMIT (dynamo has no per-function limit: the compiled decode step and
     compiled layers need more shapes than 8), and the layers' constants marked
-    (transformer.compile_constants)."""
+    (attention.compile_constants)."""
     import torch._dynamo  # only when compiling (slow to import)
 
     cfg = torch._dynamo.config

@@ -97,7 +97,7 @@ class ModelCosts:
         worst_case.py) every token's top-k experts are on this rank: min(k, experts per rank) of
         them take every token. (Korthikanti et al. 2022's h(10 + 24/t) counts a GPT layer in bf16
         with 2-byte LayerNorm inputs, a 4h GeLU MLP and dropout masks: not this layer.) ``cpu``: bf16
-        attention on a CPU runs in float32 (model/transformer.py): SDPA keeps float32 q, k, v and
+        attention on a CPU runs in float32 (model/attention.py): SDPA keeps float32 q, k, v and
         output, and o_proj the output cast back; over at most cpu_features.SHORT_ATTENTION_KEYS
         ``keys`` (the row length) on a CPU with bf16 dot products it is short_attention instead,
         which keeps the rotated q, the key and value heads repeated to the query heads, the

@@ -1,9 +1,9 @@
-"""A CPU decode step's attention (transformer.decode_attention) against SDPA, and a row's bits in any batch."""
+"""A CPU decode step's attention (attention.decode_attention) against SDPA, and a row's bits in any batch."""
 
 import torch
 import torch.nn.functional as F
 
-from meshrl.model.transformer import decode_attention
+from meshrl.model.attention import decode_attention
 
 
 def _inputs(b: int, t: int, dtype=torch.float32):

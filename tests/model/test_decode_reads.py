@@ -1,4 +1,4 @@
-"""What an eager CPU decode step reads (meshrl/model/transformer.py ``Attention``): the whole KV buffers
+"""What an eager CPU decode step reads (meshrl/model/attention.py ``Attention``): the whole KV buffers
 in bf16 once half of them is written (``KVCache.reads_whole``), and q and k rotated by one call out
 of the fused projections (``Attention._joint_rope``); both give the very bits of the code they replace."""
 
@@ -14,7 +14,7 @@ from meshrl.model.decode_weights import make_caches, native_bf16
 from meshrl.model.generation import GenerationConfig, generate
 from meshrl.model.presets import PRESETS
 from meshrl.model.rope import rope_cos_sin
-from meshrl.model.transformer import Attention, apply_rope, rope_tables
+from meshrl.model.attention import Attention, apply_rope, rope_tables
 
 
 def test_whole_reads_start_at_half_the_slots_and_only_for_bf16_caches():

@@ -1,4 +1,4 @@
-"""bf16 attention over short sequences on a CPU with bf16 dot products (transformer.short_attention):
+"""bf16 attention over short sequences on a CPU with bf16 dot products (attention.short_attention):
 the attention itself against SDPA in float64, and the layers' choice of it (cpu_features.short_attention)."""
 
 import dataclasses
@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from meshrl import cpu_features
-from meshrl.model import transformer
+from meshrl.model import attention
 from meshrl.model.presets import get_preset
-from meshrl.model.transformer import Backbone, short_attention
+from meshrl.model.attention import short_attention
+from meshrl.model.transformer import Backbone
 
 
 def _qkv(s: int, t: int, dtype=torch.float64):
@@ -60,8 +61,8 @@ def test_a_bf16_forward_takes_short_attention_where_the_rule_says(monkeypatch, n
     either path is within bf16's rounding of the float32 model's logits-to-be (the hidden states)."""
     monkeypatch.setattr(cpu_features, "native_bf16", lambda: native)
     calls = []
-    real = transformer.short_attention
-    monkeypatch.setattr(transformer, "short_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = attention.short_attention
+    monkeypatch.setattr(attention, "short_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     cfg = dataclasses.replace(get_preset("tiny-llama3"), num_hidden_layers=2)
     torch.manual_seed(0)
     model = Backbone(cfg)
