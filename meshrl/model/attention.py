@@ -171,9 +171,8 @@ class Attention(nn.Module):
             # elsewhere SDPA (docs/model.md "Decode attention").
             # out [B, Hkv, g, D] is [B, Hq, 1, D] in memory.
             grouped = q.reshape(b, k.shape[1], -1, self.head_dim)
-            if own and cache is not None and cache.reads_whole(k.shape[2]):
-                mask = F.pad(mask, (0, cache.k.shape[2] - k.shape[2]))  # the unwritten slots: False
-                k, v = cache.k, cache.v
+            if own and cache is not None:
+                k, v, mask = cache.decode_keys(k, v, mask)
             out = (decode_attention(grouped, k, v, mask) if own
                    else F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)).reshape(b, 1, -1)
         elif own and q.dtype == torch.bfloat16 and cpu_features.short_keys(k.shape[2]):

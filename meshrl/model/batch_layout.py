@@ -102,6 +102,15 @@ class KVCache:
         The unwritten slots hold zeros: masked, they add exact zeros to the output."""
         return self.whole_reads and 2 * filled >= self.k.shape[2]
 
+    def decode_keys(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A decode step's keys and values from ``update``'s filled prefix k, v [B, kvh, T, D] and
+        its mask [B, 1, 1, T]: those, or, where ``reads_whole``, the whole buffers and the mask
+        padded with False over the unwritten slots."""
+        if not self.reads_whole(k.shape[2]):
+            return k, v, mask
+        return self.k, self.v, torch.nn.functional.pad(mask, (0, self.k.shape[2] - k.shape[2]))
+
 
 def build_mask(key_mask: torch.Tensor, q_len: int, sliding_window: int | None = None,
                q_start: torch.Tensor | None = None) -> torch.Tensor:

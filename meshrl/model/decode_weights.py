@@ -37,10 +37,9 @@ def make_caches(model, batch: int, max_len: int, pack: bool = True, rows: int | 
     w = attn.k_proj.weight
     kv_heads = w.shape[0] // attn.head_dim
     caches = [KVCache(batch, kv_heads, max_len, attn.head_dim, w.dtype, w.device) for _ in layers]
-    copies = decode_copies(model, rows or batch, pack, keep)
+    copies, whole = decode_copies(model, rows or batch, pack, keep), whole_cache_reads(w)
     for c, (packed, qkv, gate_up) in zip(caches, copies.layers, strict=True):
-        c.whole_reads = whole_cache_reads(w)
-        c.packed, c.qkv, c.gate_up = packed, qkv, gate_up
+        c.packed, c.qkv, c.gate_up, c.whole_reads = packed, qkv, gate_up, whole
     if caches:
         caches[-1].head = copies.head
     return caches
