@@ -3,7 +3,8 @@
     @register_rule("exact_match")
     def exact_match(response: str, answer: str) -> float: ...
 
-``reward.rule=NAME`` in the config picks one. A reward *model* is used instead when
+``reward.rule=NAME`` in the config picks one. Built in: ``exact_match``, ``numeric_distance``, and
+for math datasets ``gsm8k``, ``last_number`` and ``boxed`` (math_answers.py). A reward *model* is used instead when
 ``models.reward.path`` is set (see calls.reward_inf).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import UserError
+from .math_answers import after_hashes, last_boxed, numbers, reference, same_answer
 
 Rule = Callable[[str, str], float]
 RULES: dict[str, Rule] = {}
@@ -49,3 +51,25 @@ def numeric_distance(response: str, answer: str) -> float:
     except ValueError:
         return 0.0
     return max(0.0, 1.0 - abs(got - want) / 10.0)
+
+
+@register_rule("gsm8k")
+def gsm8k(response: str, answer: str) -> float:
+    """1 if the number after the response's last ``####`` equals the answer's (a GSM8K solution's
+    final answer, or the number alone), else 0: verl's GSM8K scorer ("strict", its default)."""
+    return float(same_answer(after_hashes(response), reference(answer, after_hashes)))
+
+
+@register_rule("last_number")
+def last_number(response: str, answer: str) -> float:
+    """1 if the last number in the response equals the answer's final number (after ``####``
+    where it has one), else 0: verl's "flexible" GSM8K method."""
+    found = numbers(response)
+    return float(same_answer(found[-1] if found else None, reference(answer, after_hashes)))
+
+
+@register_rule("boxed")
+def boxed(response: str, answer: str) -> float:
+    """1 if the response's last ``\\boxed{}`` holds the answer (the answer's own last box where it
+    is a whole MATH solution), after math_answers.normalise, else 0."""
+    return float(same_answer(last_boxed(response), reference(answer, last_boxed)))

@@ -17,12 +17,12 @@ from .batch import Batch
 from .rollout import decode_responses
 from .user_rewards import overlong_penalty, score_texts
 from ..data import demo
-from ..data.jsonl import read_jsonl
+from ..data.dataset_file import read_dataset
 
 
 @lru_cache(maxsize=4)
 def _records(path: str | None) -> tuple:
-    return tuple(read_jsonl(path, "prompts") if path else demo.prompts())
+    return tuple(read_dataset(path, "prompts") if path else demo.prompts())
 
 
 def train_records(cfg: Config) -> list[dict]:

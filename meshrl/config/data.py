@@ -38,7 +38,8 @@ class DataConfig:
                                              f"{GROUP_SAMPLES} for {' and '.join(GROUP_ALGOS)} (which need >= 2: a "
                                              "group of one has no baseline), 1 otherwise; the loaded config holds "
                                              "the count, and the run prints it", at_least=1)
-    path: str | None = setting(None, "JSONL dataset; none = the built-in demo task")
+    path: str | None = setting(None, "JSONL or Parquet dataset (docs/algorithms.md \"Data\"); none = the "
+                               "built-in demo task")
     chat_template: bool = setting(False, "render each record through the actor checkpoint's chat template")
     filter_groups: bool = setting(False, "DAPO dynamic sampling: drop prompt groups whose rewards are all equal")
     filter_rounds: int = setting(3, "with filter_groups: prompts drawn = filter_rounds x batch_size, at most",

@@ -61,7 +61,8 @@ class EnvConfig:
 class EvalConfig:
     """Evaluation on held-out prompts while training (the actor's policy at the iteration's start)."""
 
-    path: str | None = setting(None, "JSONL of {\"prompt\" (or \"messages\"), \"answer\"}; none = no evaluation")
+    path: str | None = setting(None, "JSONL or Parquet of {\"prompt\" (or \"messages\"), \"answer\"}; "
+                               "none = no evaluation")
     every: int = setting(10, "iterations between evaluations (iteration 0 is always evaluated)",
                          at_least=1, unit="iterations")
     samples: int = setting(1, "1 = greedy accuracy; k > 1 = k samples per prompt, eval/pass@k", at_least=1)

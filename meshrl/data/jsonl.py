@@ -13,57 +13,55 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
+from .peer_fields import peer_fields
 
 KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # kind -> (required, optional) keys
-    "prompts": (("prompt",), ("answer",)),
+    "prompts": ((), ()),  # "prompt" (or "messages") and "answer": check_record
     "sft": (("prompt", "response"), ()),
     "pairs": (("prompt", "chosen", "rejected"), ()),
 }
 
 
-def read_jsonl(path: str | Path, kind: str) -> list[dict[str, str]]:
-    """Records of ``kind`` (prompts | sft | pairs) from ``path``; blank lines are skipped."""
-    required, optional = KINDS[kind]
+def read_jsonl(path: str | Path, kind: str) -> list[dict]:
+    """Records of ``kind`` (prompts | sft | pairs) from JSONL file ``path``; blank lines are skipped.
+    Each line goes through ``check_record`` (the peers' field names mapped first: peer_fields.py)."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"dataset file not found: {path}")
-    out: list[dict[str, str]] = []
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    for n, line in enumerate(lines, start=1):
-        if line.strip():
-            if kind == "prompts":
-                out.append(_parse_prompt_line(line, f"{path}:{n}"))
-            else:
-                out.append(_parse_line(line, f"{path}:{n}", required, optional))
+    out = [check_record(parse_line(line, f"{path}:{n}"), f"{path}:{n}", kind)
+           for n, line in enumerate(lines, start=1) if line.strip()]
     if not out:
         raise UserError(f"dataset {path} has no records")
     return out
 
 
-def _parse_prompt_line(line: str, where: str) -> dict:
-    """A prompt record: "prompt" (or "messages") and "answer" as strings, other fields as they are."""
-    rec = _parse_line(line, where, (), ("prompt", "answer"), keep_extra=True)
-    if "prompt" not in rec and "messages" not in rec:
-        raise UserError(f"{where}: missing key(s) ['prompt']; this dataset needs ['prompt'] (or \"messages\")")
-    return rec
-
-
-def _parse_line(line: str, where: str, required: tuple[str, ...], optional: tuple[str, ...],
-                keep_extra: bool = False) -> dict:
+def parse_line(line: str, where: str) -> object:
     try:
-        rec = json.loads(line)
+        return json.loads(line)
     except json.JSONDecodeError as e:
         raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+
+
+def check_record(rec: object, where: str, kind: str) -> dict:
+    """A decoded record of ``kind`` -> meshrl's record: the required and optional keys as strings
+    (numbers become strings), a prompt record's other fields kept as they are (for ``reward.fn``'s
+    ``**row``). UserError naming ``where`` (FILE:LINE, FILE:row N) for what is wrong."""
+    required, optional = KINDS[kind]
     if not isinstance(rec, dict):
         raise UserError(f"{where}: expected a JSON object with keys {list(required)}, got {type(rec).__name__}")
+    rec = peer_fields(rec, kind)
     missing = [k for k in required if k not in rec]
+    if kind == "prompts" and "prompt" not in rec and "messages" not in rec:
+        raise UserError(f"{where}: missing key(s) ['prompt']; this dataset needs ['prompt'] (or \"messages\")")
     if missing:
         raise UserError(f"{where}: missing key(s) {missing}; this dataset needs {list(required)}")
-    out = {k: v for k, v in rec.items() if k not in required + optional} if keep_extra else {}
-    for k in required + optional:
+    keys = required + optional + (("prompt", "answer") if kind == "prompts" else ())
+    out = {k: v for k, v in rec.items() if k not in keys} if kind == "prompts" else {}
+    for k in keys:
         if k in rec:
             if not isinstance(rec[k], (str, int, float)) or isinstance(rec[k], bool):
                 raise UserError(f"{where}: key {k!r} must be a string, got {type(rec[k]).__name__}")

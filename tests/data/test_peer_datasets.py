@@ -1,0 +1,93 @@
+"""Datasets in the peers' formats train unchanged: verl's Parquet files (the prompt a list of
+messages, the answer in reward_model.ground_truth), TRL's conversational and prompt-completion
+JSONL; their rows reach reward functions whole."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_chat_training import ckpt  # noqa: F401 (the fixture: a tiny chat checkpoint)
+
+from meshrl.algo import setup
+from meshrl.commands.settings import load_settings
+from meshrl.data.dataset_file import read_dataset
+from meshrl.errors import UserError
+from meshrl.runtime.job import in_process
+from meshrl.runtime.plans import resolve_plan
+
+QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+VERL_ROWS = [  # as verl's examples/data_preprocess/gsm8k.py writes them
+    {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": QUESTION}], "ability": "math",
+     "reward_model": {"style": "rule", "ground_truth": "7"}, "extra_info": {"split": "train", "index": 0}},
+    {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "What is 5 + 5?"}], "ability": "math",
+     "reward_model": {"style": "rule", "ground_truth": "10"}, "extra_info": {"split": "train", "index": 1}},
+]
+
+
+def write_parquet(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_verl_parquet_rows_become_chat_records_with_answers(tmp_path):
+    recs = read_dataset(write_parquet(tmp_path / "train.parquet", VERL_ROWS), "prompts")
+    assert recs[0]["messages"] == [{"role": "user", "content": QUESTION}] and "prompt" not in recs[0]
+    assert [r["answer"] for r in recs] == ["7", "10"]
+    assert recs[1]["data_source"] == "openai/gsm8k" and recs[1]["extra_info"] == {"split": "train", "index": 1}
+
+
+def test_trl_formats_map_onto_meshrl_records(tmp_path):
+    conv = tmp_path / "conv.jsonl"
+    conv.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "solution": "\\boxed{2}"}) + "\n")
+    assert read_dataset(conv, "prompts") == [{"messages": [{"role": "user", "content": "hi"}],
+                                              "answer": "\\boxed{2}", "solution": "\\boxed{2}"}]
+    own = tmp_path / "own.jsonl"  # a record's own answer wins over the peers' names
+    own.write_text(json.dumps({"prompt": "1+1=", "answer": "2", "label": "3"}) + "\n")
+    assert read_dataset(own, "prompts")[0]["answer"] == "2"
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
+    assert read_dataset(sft, "sft") == [{"prompt": "a", "response": "b"}]
+
+
+def test_parquet_errors_name_the_file_and_row(tmp_path, monkeypatch):
+    bad = write_parquet(tmp_path / "bad.parquet", [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": None}])
+    with pytest.raises(UserError, match=r"bad.parquet:row 2: key 'answer' must be a string"):
+        read_dataset(bad, "prompts")
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet\n")
+    with pytest.raises(UserError, match="not a readable Parquet file"):
+        read_dataset(junk, "prompts")
+    with pytest.raises(UserError, match="not found"):
+        read_dataset(tmp_path / "none.parquet", "prompts")
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # as where pyarrow is not installed
+    with pytest.raises(UserError, match=r"needs pyarrow: pip install pyarrow"):
+        read_dataset(bad, "prompts")
+
+
+def test_a_grpo_iteration_on_a_verl_parquet_file_scores_with_gsm8k_and_passes_rows(ckpt, tmp_path):  # noqa: F811
+    path, hf, _ = ckpt
+    data = write_parquet(tmp_path / "train.parquet", VERL_ROWS)
+    seen = tmp_path / "seen.jsonl"
+    fn = tmp_path / "rowcheck.py"
+    fn.write_text("import json\n"
+                  "def rowcheck(prompt, response, answer, data_source, extra_info, **row):\n"
+                  f"    open({str(seen)!r}, 'a').write(json.dumps([answer, data_source, extra_info]) + '\\n')\n"
+                  "    return 0.0\n")
+    args = ["algo=grpo", f"models.actor.path={path}", "data.chat_template=true", f"data.path={data}",
+            "data.prompt_len=48", "data.gen_len=4", "data.batch_size=2", "train.iterations=1"]
+    cfg = load_settings(None, args + ["reward.rule=gsm8k"])
+    batch = setup.encode_prompt_batch(cfg, setup.tokenizer_for(cfg), setup.prompt_records(cfg))
+    want = hf.encode(hf.apply_chat_template(VERL_ROWS[0]["prompt"], tokenize=False, add_generation_prompt=True),
+                     add_special_tokens=False)
+    assert batch["prompt_ids"][0][batch["prompt_mask"][0].bool()].tolist() == want
+    rec = in_process(cfg, resolve_plan(cfg, "colocated", 1)[0], None)[0]
+    assert rec["reward/mean"] == 0.0  # a random model writes no "#### 7"
+    cfg = load_settings(None, args + [f"reward.fn={fn}:rowcheck"])
+    in_process(cfg, resolve_plan(cfg, "colocated", 1)[0], None)
+    calls = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert {c[0] for c in calls} == {"7", "10"} and all(c[1] == "openai/gsm8k" for c in calls)
+    assert {c[2]["index"] for c in calls} == {0, 1}
