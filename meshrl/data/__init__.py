@@ -1,1 +1,2 @@
-"""Datasets: JSONL readers, and the built-in synthetic demo task (generated, so nothing to download)."""
+"""Datasets: JSONL and Parquet files (the peers' formats too), and the built-in synthetic demo task (generated,
+so nothing to download)."""

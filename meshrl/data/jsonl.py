@@ -1,10 +1,14 @@
-"""JSONL datasets: one JSON object per line. Malformed lines raise UserError naming file and line.
+"""JSONL datasets: one JSON object per line, and the check every record of a dataset file passes
+(``check_record``: JSONL here, Parquet in dataset_file.py). Malformed records raise UserError naming
+file and line (or row).
 
     prompts      {"prompt": str, "answer": str}         (answer optional with a reward model;
                  "messages": [{"role", "content"}, ...] may stand for "prompt" (data.chat_template);
                  any other fields are kept as they are, for user reward functions' ``**row``)
     SFT pairs    {"prompt": str, "response": str}
     preferences  {"prompt": str, "chosen": str, "rejected": str}
+
+The peers' names for these fields are mapped first (peer_fields.py).
 """
 
 from __future__ import annotations
