@@ -11,8 +11,10 @@ random weights (seed 0) and the byte tokenizer: the output is noise, but every c
 A prompt is encoded exactly as training and evaluation encode it (meshrl.data.encode.prompt_ids:
 the tokenizer's own special tokens, so BOS where the tokenizer adds one). FILE.jsonl holds one JSON
 object a line, {"prompt": TEXT} or, with --chat, {"messages": [{"role": ..., "content": ...}]}
-(a "prompt" then becomes one user message); --chat renders the checkpoint's chat template
-(meshrl/data/chat.py, as training does) and stops a reply at the template's end of turn.
+(a "prompt" then becomes one user message; a "prompt" that is a list of messages, TRL's
+conversational format, is "messages"), or FILE.parquet one such record a row; --chat renders the
+checkpoint's chat template (meshrl/data/chat.py, as training does) and stops a reply at the
+template's end of turn.
 Row i samples from seed (S, i) only, so a completion does not depend on --batch-size.
 Without --json the completions are printed one after another; --json prints one object
 {"completions": [TEXT, ...], "tokens_per_s": F, "seconds": F, "dtype": D} (input order; seconds =
@@ -32,6 +34,8 @@ from pathlib import Path
 from ..errors import UserError
 from ..model.presets import PRESETS
 from ..data.chat import load_chat_template
+from ..data.dataset_file import PARQUET, read_dataset
+from ..data.peer_fields import peer_fields
 from ..cores import rank_threads
 from ..cpu_features import auto_dtype
 from ..data.chat import end_of_turn_id
@@ -43,7 +47,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory, or a preset name (random weights)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one text to complete")
-    src.add_argument("--prompts", metavar="FILE.jsonl", help='one {"prompt": TEXT} (or {"messages": [...]}) a line')
+    src.add_argument("--prompts", metavar="FILE.jsonl", help='one {"prompt": TEXT} (or {"messages": [...]}) a line '
+                     "(or a .parquet file, a row each)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate at most per prompt")
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
@@ -89,40 +94,50 @@ def _load(model_arg: str, dtype):
 
 
 def read_prompts(path: str, chat: bool) -> list[str | list[dict]]:
-    """FILE.jsonl -> per line a text, or (chat) a list of messages. Errors name the line."""
+    """FILE.jsonl (or FILE.parquet) -> per record a text, or (chat) a list of messages. Errors name
+    the line (row). TRL's conversational prompts (a list of messages) count as "messages"."""
     file = Path(path)
     if not file.is_file():
         raise UserError(f"--prompts: no file at {path}")
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--prompts {path}: cannot read ({e})") from None
-    out: list[str | list[dict]] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(rec, dict) or not ({"prompt", "messages"} & set(rec)):
-            raise UserError(f'{path}:{n}: expected an object with "prompt" (or "messages" with --chat)')
-        if "messages" in rec:
-            msgs = rec["messages"]
-            if not chat:
-                raise UserError(f'{path}:{n}: "messages" needs --chat (the chat template renders them)')
-            if not isinstance(msgs, list) or not msgs or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                    for m in msgs):
-                raise UserError(f'{path}:{n}: "messages" must be a non-empty list of {{"role", "content"}} strings')
-            out.append(msgs)
-        elif not isinstance(rec["prompt"], str):
-            raise UserError(f'{path}:{n}: "prompt" must be a string')
-        else:
-            out.append([{"role": "user", "content": rec["prompt"]}] if chat else rec["prompt"])
+    out = [_prompt(peer_fields(rec, "prompts"), where, chat) for where, rec in _records(file)]
     if not out:
         raise UserError(f"--prompts {path}: no prompts in the file")
     return out
+
+
+def _records(file: Path) -> list[tuple[str, object]]:
+    """(where, decoded record) per non-blank line of a JSONL file or row of a Parquet file."""
+    if file.suffix.lower() in PARQUET:
+        return [(f"{file}:row {n}", rec) for n, rec in enumerate(read_dataset(file, "prompts"), 1)]
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--prompts {file}: cannot read ({e})") from None
+    out: list[tuple[str, object]] = []
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                out.append((f"{file}:{n}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise UserError(f"{file}:{n}: not JSON ({e.msg})") from None
+    return out
+
+
+def _prompt(rec: object, where: str, chat: bool) -> str | list[dict]:
+    if not isinstance(rec, dict) or not ({"prompt", "messages"} & set(rec)):
+        raise UserError(f'{where}: expected an object with "prompt" (or "messages" with --chat)')
+    if "messages" in rec:
+        msgs = rec["messages"]
+        if not chat:
+            raise UserError(f'{where}: "messages" needs --chat (the chat template renders them)')
+        if not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in msgs):
+            raise UserError(f'{where}: "messages" must be a non-empty list of {{"role", "content"}} strings')
+        return msgs
+    if not isinstance(rec["prompt"], str):
+        raise UserError(f'{where}: "prompt" must be a string')
+    return [{"role": "user", "content": rec["prompt"]}] if chat else rec["prompt"]
 
 
 def encode_all(tok, model_dir: str, items: list, chat: bool) -> list[list[int]]:

@@ -168,3 +168,20 @@ def test_bad_prompts_file(tmp_path, capsys, lines, extra, match):
 def test_missing_prompts_file(tmp_path, capsys):
     assert main(["generate", "--model", "tiny", "--prompts", str(tmp_path / "none.jsonl")]) == 2
     assert "--prompts: no file at" in capsys.readouterr().err
+
+
+def test_prompts_from_parquet_and_trl_conversational_lines(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = tmp_path / "p.jsonl"
+    lines.write_text(json.dumps({"prompt": "the cat"}) + "\n" + json.dumps({"prompt": "a dog"}) + "\n")
+    table = tmp_path / "p.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "the cat", "id": 1}, {"prompt": "a dog", "id": 2}]), table)
+    args = ["--model", "tiny", "--greedy", "--max-new-tokens", "4"]
+    want = _json_run(capsys, *args, "--prompts", str(lines))["completions"]
+    assert _json_run(capsys, *args, "--prompts", str(table))["completions"] == want
+    conv = tmp_path / "c.jsonl"
+    conv.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}]}) + "\n")
+    assert main(["generate", "--model", "tiny", "--prompts", str(conv)]) == 2
+    assert '"messages" needs --chat' in capsys.readouterr().err
