@@ -28,7 +28,7 @@ def read_parquet(path: str | Path, kind: str) -> list[dict]:
     if not p.is_file():
         raise UserError(f"dataset file not found: {path}")
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # optional: only Parquet datasets need it (the [data] extra)
     except ImportError:
         raise UserError(f"{path}: reading a Parquet dataset needs pyarrow: pip install pyarrow "
                         "(or pip install -e '.[data]')") from None
