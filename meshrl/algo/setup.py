@@ -12,6 +12,7 @@ import torch
 
 from ..config import Config, own_model
 from ..data import demo
+from ..data.chat_records import chat_texts, plain_texts
 from ..data.encode import encode_prompts, encode_sequences
 from ..data.dataset_file import read_dataset
 from ..errors import UserError
@@ -186,15 +187,22 @@ def encode_prompt_batch(cfg: Config, tok, records: list[dict]) -> Batch:
     return Batch(encode_prompts(tok, records, cfg.data.prompt_len, cfg.data.gen_len, template))
 
 
-def encode_sft_batch(cfg: Config, tok, records: list[dict[str, str]]) -> Batch:
-    return Batch(encode_sequences(tok, [r["prompt"] for r in records], [r["response"] for r in records],
-                                  cfg.data.prompt_len, cfg.data.gen_len))
+def encode_sft_batch(cfg: Config, tok, records: list[dict]) -> Batch:
+    return Batch(_encode_side(cfg, tok, records, "response"))
 
 
-def encode_pair_batch(cfg: Config, tok, records: list[dict[str, str]]) -> Batch:
+def encode_pair_batch(cfg: Config, tok, records: list[dict]) -> Batch:
     data = {}
     for side in ("chosen", "rejected"):
-        enc = encode_sequences(tok, [r["prompt"] for r in records], [r[side] for r in records],
-                               cfg.data.prompt_len, cfg.data.gen_len)
-        data.update({f"{side}_{k}": v for k, v in enc.items()})
+        data.update({f"{side}_{k}": v for k, v in _encode_side(cfg, tok, records, side).items()})
     return Batch(data)
+
+
+def _encode_side(cfg: Config, tok, records: list[dict], side: str) -> dict:
+    """(prompt, ``side``) sequences, rendered through the actor's chat template when
+    data.chat_template is on (data/chat_records.py)."""
+    if cfg.data.chat_template:
+        prompts, texts = chat_texts(load_chat_template(cfg.models.actor.path), records, side)
+    else:
+        prompts, texts = plain_texts(records, side)
+    return encode_sequences(tok, prompts, texts, cfg.data.prompt_len, cfg.data.gen_len, chat=cfg.data.chat_template)

@@ -53,6 +53,12 @@ def encode_response(tok, text: str, gen_len: int, where: str) -> list[int]:
     return ids
 
 
+def _checked(ids: list[int], width: int, where: str, what: str, key: str) -> list[int]:
+    if len(ids) > width:
+        raise UserError(f"{where}: {what} is {len(ids)} tokens, more than {key}={width}")
+    return ids
+
+
 def left_pad(rows: list[list[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """-> ids, mask [B, width], real tokens at the right end."""
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -103,12 +109,16 @@ def encode_prompts(tok, records: list[dict], prompt_len: int, answer_len: int, t
             "row_id": torch.arange(len(records), dtype=torch.long)}
 
 
-def encode_sequences(tok, prompts: list[str], responses: list[str], prompt_len: int, gen_len: int
-                     ) -> dict[str, torch.Tensor]:
-    """(prompt, response) strings -> input_ids, attention_mask [B, P+N], response_mask [B, N]."""
+def encode_sequences(tok, prompts: list[str], responses: list[str], prompt_len: int, gen_len: int,
+                     chat: bool = False) -> dict[str, torch.Tensor]:
+    """(prompt, response) strings -> input_ids, attention_mask [B, P+N], response_mask [B, N].
+    ``chat``: texts rendered through a chat template (data/chat_records.py), which carry their own
+    special tokens: none is added, the response's end of turn is its last token instead of EOS."""
     pad = tok.pad_token_id
-    p = [encode_prompt(tok, t, prompt_len, f"record {i}") for i, t in enumerate(prompts)]
-    r = [encode_response(tok, t, gen_len, f"record {i}") for i, t in enumerate(responses)]
+    p = [_checked(_plain(tok, t) if chat else prompt_ids(tok, t), prompt_len, f"record {i}", "prompt",
+                  "data.prompt_len") for i, t in enumerate(prompts)]
+    r = [_checked(_plain(tok, t), gen_len, f"record {i}", "response", "data.gen_len") if chat
+         else encode_response(tok, t, gen_len, f"record {i}") for i, t in enumerate(responses)]
     p_ids, p_mask = left_pad(p, prompt_len, pad)
     r_ids, r_mask = right_pad(r, gen_len, pad)
     return {"input_ids": torch.cat([p_ids, r_ids], 1), "attention_mask": torch.cat([p_mask, r_mask], 1),

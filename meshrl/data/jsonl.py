@@ -7,6 +7,7 @@ file and line (or row).
                  any other fields are kept as they are, for user reward functions' ``**row``)
     SFT pairs    {"prompt": str, "response": str}
     preferences  {"prompt": str, "chosen": str, "rejected": str}
+                 (either: each field a string or a list of messages, chat_records.py)
 
 The peers' names for these fields are mapped first (peer_fields.py).
 """
@@ -17,7 +18,7 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
-from .peer_fields import peer_fields
+from .peer_fields import is_messages, peer_fields
 
 KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # kind -> (required, optional) keys
     "prompts": ((), ()),  # "prompt" (or "messages") and "answer": check_record
@@ -67,6 +68,9 @@ def check_record(rec: object, where: str, kind: str) -> dict:
     out = {k: v for k, v in rec.items() if k not in keys} if kind == "prompts" else {}
     for k in keys:
         if k in rec:
+            if kind != "prompts" and is_messages(rec[k]):  # a conversation: chat_records.py renders it
+                out[k] = rec[k]
+                continue
             if not isinstance(rec[k], (str, int, float)) or isinstance(rec[k], bool):
                 raise UserError(f"{where}: key {k!r} must be a string, got {type(rec[k]).__name__}")
             out[k] = str(rec[k])

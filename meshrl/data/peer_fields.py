@@ -3,7 +3,11 @@ made for TRL, verl or OpenRLHF trains here unchanged.
 
 - TRL's conversational format: ``"prompt"`` is a list of ``{"role", "content"}`` messages; it is
   taken as ``"messages"`` (rendered through the chat template: ``data.chat_template=true``). TRL's
-  prompt-completion format names the SFT target ``"completion"``: taken as ``"response"``.
+  prompt-completion format names the SFT target ``"completion"``: taken as ``"response"``. Its
+  conversational SFT records (``"messages"`` ending with the assistant's turn) become the turns
+  before it as ``"prompt"`` and that turn as ``"response"``; its preference records whose
+  ``"chosen"`` and ``"rejected"`` are whole conversations (an implicit prompt) become the turns they
+  share as ``"prompt"`` and the rest of each (chat_records.py renders them).
 - verl's RL parquet files: ``"prompt"`` a list of messages as above, the reference answer in
   ``"reward_model": {"ground_truth": ...}``; OpenRLHF's ``--label_key`` datasets often call it
   ``"ground_truth"`` or ``"label"``; TRL's math datasets ``"solution"``. The first of those a record has
@@ -45,6 +49,22 @@ def peer_fields(rec: dict, kind: str) -> dict:
             answer = next((v for v in found if v is not None), None)
             if answer is not None:
                 out["answer"] = answer
-    elif kind == "sft" and "response" not in out and "completion" in out:
-        out["response"] = out["completion"]
+    elif kind == "sft":
+        if "response" not in out and "completion" in out:
+            out["response"] = out["completion"]
+        msgs = out.get("messages")
+        if "prompt" not in out and is_messages(msgs) and len(msgs) > 1 and msgs[-1]["role"] == "assistant":
+            out["prompt"], out["response"] = msgs[:-1], msgs[-1:]
+    elif kind == "pairs" and "prompt" not in out and all(is_messages(out.get(k)) for k in ("chosen", "rejected")):
+        n = shared_turns(out["chosen"], out["rejected"])
+        if 0 < n < min(len(out["chosen"]), len(out["rejected"])):
+            out["prompt"], out["chosen"], out["rejected"] = out["chosen"][:n], out["chosen"][n:], out["rejected"][n:]
     return out
+
+
+def shared_turns(a: list[dict], b: list[dict]) -> int:
+    """How many leading messages two conversations share (TRL's implicit prompt)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
