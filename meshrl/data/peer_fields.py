@@ -12,6 +12,9 @@ made for TRL, verl or OpenRLHF trains here unchanged.
   ``"reward_model": {"ground_truth": ...}``; OpenRLHF's ``--label_key`` datasets often call it
   ``"ground_truth"`` or ``"label"``; TRL's math datasets ``"solution"``. The first of those a record has
   becomes its ``"answer"`` where it has none.
+- The datasets' own files: GSM8K's ``{"question", "answer"}`` and MATH's ``{"problem", "solution"}``
+  (the answer a whole solution: the ``gsm8k`` and ``boxed`` rules read its final answer); the
+  question or problem is the ``"prompt"`` where a record has none.
 
 Every original field stays in the record (a reward function still gets ``data_source``,
 ``extra_info``, ... through ``**row``); only the record's own ``"answer"``/``"messages"``/
@@ -21,6 +24,7 @@ Every original field stays in the record (a reward function still gets ``data_so
 from __future__ import annotations
 
 ANSWER_FIELDS = ("reward_model.ground_truth", "ground_truth", "label", "solution")  # first found wins
+PROMPT_FIELDS = ("question", "problem")  # GSM8K's and MATH's own files, where a record has no prompt
 
 
 def is_messages(value: object) -> bool:
@@ -44,6 +48,10 @@ def peer_fields(rec: dict, kind: str) -> dict:
     if kind == "prompts":
         if is_messages(out.get("prompt")) and "messages" not in out:
             out["messages"] = out.pop("prompt")
+        if "prompt" not in out and "messages" not in out:
+            text = next((out[k] for k in PROMPT_FIELDS if isinstance(out.get(k), str)), None)
+            if text is not None:
+                out["prompt"] = text
         if "answer" not in out:
             found = (_field(out, name) for name in ANSWER_FIELDS)
             answer = next((v for v in found if v is not None), None)

@@ -53,6 +53,17 @@ def test_trl_formats_map_onto_meshrl_records(tmp_path):
     assert read_dataset(sft, "sft") == [{"prompt": "a", "response": "b"}]
 
 
+def test_gsm8k_and_math_files_as_published(tmp_path):
+    gsm = tmp_path / "gsm8k.jsonl"
+    gsm.write_text(json.dumps({"question": QUESTION, "answer": "3 + 4 = <<3+4=7>>7\n#### 7"}) + "\n")
+    rec = read_dataset(gsm, "prompts")[0]
+    assert rec["prompt"] == QUESTION and rec["answer"].endswith("#### 7") and rec["question"] == QUESTION
+    math = tmp_path / "math.jsonl"
+    math.write_text(json.dumps({"problem": "What is $1/2$?", "solution": "It is $\\boxed{\\frac{1}{2}}$."}) + "\n")
+    rec = read_dataset(math, "prompts")[0]
+    assert rec["prompt"] == "What is $1/2$?" and rec["answer"] == "It is $\\boxed{\\frac{1}{2}}$."
+
+
 def test_parquet_errors_name_the_file_and_row(tmp_path, monkeypatch):
     bad = write_parquet(tmp_path / "bad.parquet", [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": None}])
     with pytest.raises(UserError, match=r"bad.parquet:row 2: key 'answer' must be a string"):
