@@ -83,9 +83,10 @@ def right_pad(rows: list[list[int]], width: int, pad: int) -> tuple[torch.Tensor
 def encode_prompts(tok, records: list[dict], prompt_len: int, answer_len: int, template=None
                    ) -> dict[str, torch.Tensor]:
     """Prompt records -> prompt_ids, prompt_mask [B, P]; answer_ids [B, answer_len] (tokens of the
-    answer, pad-filled; all pad when a record has no answer); row_id [B] (the record's index, for
-    reward functions that read the record). ``template`` (a data.chat.ChatTemplate): each record is
-    rendered through it ({"messages"} or {"prompt"}) and encoded as is (the template writes any BOS)."""
+    answer, pad-filled; all pad when a record has none, or one longer than answer_len); row_id [B]
+    (the record's index, for reward functions that read the record). ``template`` (a
+    data.chat.ChatTemplate): each record is rendered through it ({"messages"} or {"prompt"}) and
+    encoded as is (the template writes any BOS)."""
     pad = tok.pad_token_id
     prompts = []
     for i, r in enumerate(records):
@@ -97,12 +98,10 @@ def encode_prompts(tok, records: list[dict], prompt_len: int, answer_len: int, t
             raise UserError(f"prompt {i}: rendered through the chat template it is {len(ids)} tokens, more than "
                             f"data.prompt_len={prompt_len}")
         prompts.append(ids)
-    answers = []
-    for i, r in enumerate(records):
-        a = _plain(tok, r.get("answer", ""))
-        if len(a) > answer_len:
-            raise UserError(f"prompt {i}: answer is {len(a)} tokens, more than data.gen_len={answer_len}")
-        answers.append(a)
+    # Rewards read each record's own answer text (algo/scoring.py, by row_id); answer_ids carries it
+    # as tokens where it fits in data.gen_len, and is all pad for a longer one (a whole GSM8K or MATH
+    # solution, whose final answer the rule extracts from the text).
+    answers = [a if len(a := _plain(tok, r.get("answer", ""))) <= answer_len else [] for r in records]
     p_ids, p_mask = left_pad(prompts, prompt_len, pad)
     a_ids, _ = right_pad(answers, answer_len, pad)
     return {"prompt_ids": p_ids, "prompt_mask": p_mask, "answer_ids": a_ids,

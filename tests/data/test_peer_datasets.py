@@ -10,9 +10,11 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from test_chat_training import ckpt  # noqa: F401 (the fixture: a tiny chat checkpoint)
 
 from meshrl.algo import setup
+from meshrl.algo.scoring import function_scores
 from meshrl.commands.settings import load_settings
 from meshrl.data.dataset_file import read_dataset
 from meshrl.errors import UserError
@@ -62,6 +64,26 @@ def test_gsm8k_and_math_files_as_published(tmp_path):
     math.write_text(json.dumps({"problem": "What is $1/2$?", "solution": "It is $\\boxed{\\frac{1}{2}}$."}) + "\n")
     rec = read_dataset(math, "prompts")[0]
     assert rec["prompt"] == "What is $1/2$?" and rec["answer"] == "It is $\\boxed{\\frac{1}{2}}$."
+
+
+def test_an_answer_longer_than_gen_len_is_scored_from_its_text(tmp_path):
+    """A whole GSM8K solution as the answer: more tokens than data.gen_len, yet the rule reads it."""
+    sol = "3 + 4 = <<3+4=7>>7 apples in all, as he had 3 and bought 4.\n#### 7"
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps({"question": "3+4=", "answer": sol}) + "\n")
+    cfg = load_settings(None, ["algo=grpo", f"data.path={data}", "data.gen_len=8", "reward.rule=gsm8k"])
+    tok = setup.tokenizer_for(cfg)
+    records = setup.prompt_records(cfg)
+    batch = setup.encode_prompt_batch(cfg, tok, records)
+    pad = tok.pad_token_id
+    assert len(tok.encode(sol)) > 8 and int(batch["answer_ids"].ne(pad).sum()) == 0
+    for response, want in (("#### 7", 1.0), ("#### 8", 0.0)):
+        ids = tok.encode(response)[-8:]
+        r = torch.tensor([ids + [pad] * (8 - len(ids))])
+        part = batch.with_(input_ids=torch.cat([batch["prompt_ids"], r], 1),
+                           attention_mask=torch.cat([batch["prompt_mask"], r.ne(pad).long()], 1),
+                           response_mask=r.ne(pad).long())
+        assert function_scores(part, cfg, tok, records, str(data))["scores"].tolist() == [want]
 
 
 def test_parquet_errors_name_the_file_and_row(tmp_path, monkeypatch):
