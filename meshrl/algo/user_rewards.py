@@ -5,7 +5,9 @@
     reward.fn=[a.py:f, b.py:g]  reward.weights=[1.0, 0.5]
 
 Each is called as ``name(prompt, response, answer, **row)``, ``row`` holding every other field of
-the dataset record, and must return a number. The score of a response is sum_k w_k f_k (+ the
+the dataset record, and must return a number; a function written for verl (``compute_score(
+data_source, solution_str, ground_truth, ...)``) or TRL (``f(completions, **kwargs)``, batched) is
+called as those trainers call it (peer_rewards.py). The score of a response is sum_k w_k f_k (+ the
 overlong penalty); each f_k is reported as ``reward/NAME``. Without reward.fn the registered rule
 ``reward.rule`` is used (rewards.py). A missing file or name is refused when the config is
 validated (before any rank starts); an exception or a non-number stops the job with one message
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError
+from .peer_rewards import kind_of, trl_batch, verl_call
 from .rewards import get_rule
 from .user_code import load_user_object
 
@@ -35,6 +38,7 @@ class RewardFn:
     spec: str
     where: str
     fn: Callable[..., object]
+    batched: bool = False  # a TRL-style function ``fn(completions, **kwargs)``: once a batch (peer_rewards.trl_batch)
 
 
 _LOADED: dict[str, RewardFn] = {}
@@ -46,7 +50,8 @@ def load_reward_fn(spec: str, key: str = "reward.fn") -> RewardFn:
     if spec in _LOADED:
         return _LOADED[spec]
     fn, name, where = load_user_object(spec, key, "function")
-    out = RewardFn(name, spec, where, fn)
+    kind = kind_of(fn)  # verl's and TRL's functions are called as their trainers call them
+    out = RewardFn(name, spec, where, verl_call(fn, where) if kind == "verl" else fn, batched=kind == "trl")
     _LOADED[spec] = out
     return out
 
@@ -85,6 +90,10 @@ def call_reward(f: RewardFn, prompt: str, response: str, answer: str, row: dict,
     except Exception as e:
         raise UserError(f"reward function {f.name} ({f.where}) raised {type(e).__name__}: {e} "
                         f"on {where_row}") from None
+    return _number(f, v, where_row)
+
+
+def _number(f: RewardFn, v: object, where_row: str) -> float:
     if isinstance(v, torch.Tensor) and v.numel() == 1:
         v = v.item()
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
@@ -105,10 +114,27 @@ def score_texts(cfg, prompts: list[str], responses: list[str], answers: list[str
                 where_rows: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per response: (score [B], the unweighted functions' values [B, K]) from the run's sources."""
     fns, weights = reward_sources(cfg)
-    vals = torch.tensor([[call_reward(f, p, r, a, row, w) for f in fns]
-                         for p, r, a, row, w in zip(prompts, responses, answers, rows, where_rows, strict=True)],
-                        dtype=torch.float32).view(len(responses), len(fns))
+    cols = [call_batch(f, trl_batch(f.fn, cfg.data.chat_template), prompts, responses, answers, rows, where_rows)
+            if f.batched else [call_reward(f, p, r, a, row, w)
+                             for p, r, a, row, w in zip(prompts, responses, answers, rows, where_rows, strict=True)]
+            for f in fns]
+    vals = torch.tensor(cols, dtype=torch.float32).view(len(fns), len(responses)).t()
     return vals @ torch.tensor(weights, dtype=torch.float32), vals
+
+
+def call_batch(f: RewardFn, batch: Callable[..., list], prompts: list[str], responses: list[str],
+               answers: list[str], rows: list[dict], where_rows: list[str]) -> list[float]:
+    """A TRL-style function's values for the batch (None: 0), or one UserError naming it."""
+    try:
+        out = batch(prompts, responses, answers, rows)
+    except Exception as e:
+        raise UserError(f"reward function {f.name} ({f.where}) raised {type(e).__name__}: {e} "
+                        f"on {where_rows[0]} .. {where_rows[-1]}") from None
+    if not isinstance(out, (list, tuple)) or len(out) != len(responses):
+        raise UserError(f"reward function {f.name} ({f.where}) returned {type(out).__name__} "
+                        f"{'of ' + str(len(out)) + ' ' if isinstance(out, (list, tuple)) else ''}"
+                        f"for {len(responses)} completions: it must return one number (or None) each")
+    return [0.0 if v is None else _number(f, v, w) for v, w in zip(out, where_rows, strict=True)]
 
 
 def validate_reward(cfg) -> None:

@@ -101,14 +101,14 @@ def test_parquet_errors_name_the_file_and_row(tmp_path, monkeypatch):
         read_dataset(bad, "prompts")
 
 
-def test_a_grpo_iteration_on_a_verl_parquet_file_scores_with_gsm8k_and_passes_rows(ckpt, tmp_path):  # noqa: F811
+def test_a_grpo_iteration_on_a_verl_parquet_file_scores_with_gsm8k_and_verl_functions(ckpt, tmp_path):  # noqa: F811
     path, hf, _ = ckpt
     data = write_parquet(tmp_path / "train.parquet", VERL_ROWS)
     seen = tmp_path / "seen.jsonl"
     fn = tmp_path / "rowcheck.py"
-    fn.write_text("import json\n"
-                  "def rowcheck(prompt, response, answer, data_source, extra_info, **row):\n"
-                  f"    open({str(seen)!r}, 'a').write(json.dumps([answer, data_source, extra_info]) + '\\n')\n"
+    fn.write_text("import json\n"  # verl's compute_score, unchanged
+                  "def rowcheck(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  f"    open({str(seen)!r}, 'a').write(json.dumps([ground_truth, data_source, extra_info]) + '\\n')\n"
                   "    return 0.0\n")
     args = ["algo=grpo", f"models.actor.path={path}", "data.chat_template=true", f"data.path={data}",
             "data.prompt_len=48", "data.gen_len=4", "data.batch_size=2", "train.iterations=1"]
