@@ -21,20 +21,20 @@ from ..data.dataset_file import read_dataset
 
 
 @lru_cache(maxsize=4)
-def _records(path: str | None) -> tuple:
-    return tuple(read_dataset(path, "prompts") if path else demo.prompts())
+def _records(path: str | None, renames: tuple = ()) -> tuple:
+    return tuple(read_dataset(path, "prompts", renames) if path else demo.prompts())
 
 
 def train_records(cfg: Config) -> list[dict]:
     """The prompt records the run draws from (data.path, else the demo's), read once per process."""
-    return list(_records(cfg.data.path if cfg.algo not in ("sft", "rm", "dpo") else None))
+    return list(_records(cfg.data.path if cfg.algo not in ("sft", "rm", "dpo") else None, cfg.data.renames()))
 
 
 def eval_records(cfg: Config) -> list[dict]:
     """The held-out prompt records: eval.path's, else (the demo) its held-out problems."""
     if cfg.eval.path is None:
         return demo.prompts("heldout")
-    return list(_records(cfg.eval.path))
+    return list(_records(cfg.eval.path, cfg.data.renames()))
 
 
 def _prompt_text(part: Batch, i: int, tok) -> str:

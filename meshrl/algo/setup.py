@@ -146,7 +146,7 @@ def build_roles(cfg: Config, actor: torch.nn.Module) -> dict[str, Role]:
 
 def prompt_records(cfg: Config) -> list[dict[str, str]]:
     if cfg.data.path and cfg.algo not in ("sft", "rm", "dpo"):
-        recs = read_dataset(cfg.data.path, "prompts")
+        recs = read_dataset(cfg.data.path, "prompts", cfg.data.renames())
         if cfg.models.reward.path is None and not cfg.reward.fn and any("answer" not in r for r in recs):
             raise UserError(f"{cfg.data.path}: the rule reward {cfg.reward.rule!r} needs an \"answer\" on "
                             "every line (or set models.reward.path to use a reward model)")
@@ -158,9 +158,9 @@ def sft_records(cfg: Config, warmup: bool = False) -> list[dict[str, str]]:
     """SFT demonstrations: algo=sft's data.path, the warm-up's sft.path, else (a run with no data of
     its own) the demo's. A user's run never gets the demo's (the warm-up is skipped instead)."""
     if cfg.data.path and cfg.algo == "sft" and not warmup:
-        return read_dataset(cfg.data.path, "sft")
+        return read_dataset(cfg.data.path, "sft", cfg.data.renames())
     if cfg.sft.path and warmup:
-        return read_dataset(cfg.sft.path, "sft")
+        return read_dataset(cfg.sft.path, "sft", cfg.data.renames())
     if cfg.data.path:
         raise UserError(f"no SFT data for this run: data.path={cfg.data.path} holds your task, and the demo's "
                         "demonstrations are never mixed in; set sft.path=FILE.jsonl")
@@ -169,7 +169,7 @@ def sft_records(cfg: Config, warmup: bool = False) -> list[dict[str, str]]:
 
 def pair_records(cfg: Config, heldout: bool = False) -> list[dict[str, str]]:
     if cfg.data.path and not heldout:
-        return read_dataset(cfg.data.path, "pairs")
+        return read_dataset(cfg.data.path, "pairs", cfg.data.renames())
     # held-out pairs reject other wrong answers (see demo.py): none of them is a training pair
     return demo.preference_records(cfg.train.seed + (10_007 if heldout else 0),
                                    DEMO_HELDOUT_PAIRS if heldout else DEMO_PAIRS, heldout=heldout)

@@ -41,9 +41,18 @@ class DataConfig:
     path: str | None = setting(None, "JSONL or Parquet dataset (docs/algorithms.md \"Data\"); none = the "
                                "built-in demo task")
     chat_template: bool = setting(False, "render each record through the actor checkpoint's chat template")
+    prompt_key: str = setting("prompt", "the field that holds a record's prompt, in every dataset file of the run "
+                              "(OpenRLHF's --input_key)")
+    answer_key: str = setting("answer", "the field that holds a prompt record's reference answer (OpenRLHF's "
+                              "--label_key)")
     filter_groups: bool = setting(False, "DAPO dynamic sampling: drop prompt groups whose rewards are all equal")
     filter_rounds: int = setting(3, "with filter_groups: prompts drawn = filter_rounds x batch_size, at most",
                                  at_least=1)
+
+    def renames(self) -> tuple[tuple[str, str], ...]:
+        """(the dataset's field, meshrl's) for each of prompt_key / answer_key set to another name."""
+        return tuple((theirs, ours) for theirs, ours in ((self.prompt_key, "prompt"), (self.answer_key, "answer"))
+                     if theirs != ours)
 
     def validate(self, name: str = "data") -> None:
         check_fields(self, name)

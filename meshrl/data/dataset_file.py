@@ -14,14 +14,15 @@ from .jsonl import check_record, read_jsonl
 PARQUET = (".parquet", ".pq")
 
 
-def read_dataset(path: str | Path, kind: str) -> list[dict]:
-    """Records of ``kind`` (prompts | sft | pairs) from a JSONL or Parquet file."""
+def read_dataset(path: str | Path, kind: str, renames: tuple[tuple[str, str], ...] = ()) -> list[dict]:
+    """Records of ``kind`` (prompts | sft | pairs) from a JSONL or Parquet file. ``renames``: (the
+    file's field, meshrl's) pairs, data.prompt_key / answer_key (DataConfig.renames)."""
     if Path(path).suffix.lower() in PARQUET:
-        return read_parquet(path, kind)
-    return read_jsonl(path, kind)
+        return read_parquet(path, kind, renames)
+    return read_jsonl(path, kind, renames)
 
 
-def read_parquet(path: str | Path, kind: str) -> list[dict]:
+def read_parquet(path: str | Path, kind: str, renames: tuple[tuple[str, str], ...] = ()) -> list[dict]:
     """Records of ``kind`` from a Parquet file: each row a dict of its columns (nested columns as
     lists and dicts, as pyarrow's ``to_pylist`` gives them)."""
     p = Path(path)
@@ -38,4 +39,4 @@ def read_parquet(path: str | Path, kind: str) -> list[dict]:
         raise UserError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
     if not rows:
         raise UserError(f"dataset {path} has no records")
-    return [check_record(row, f"{path}:row {n}", kind) for n, row in enumerate(rows, start=1)]
+    return [check_record(row, f"{path}:row {n}", kind, renames) for n, row in enumerate(rows, start=1)]

@@ -27,7 +27,7 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # kind -> (requir
 }
 
 
-def read_jsonl(path: str | Path, kind: str) -> list[dict]:
+def read_jsonl(path: str | Path, kind: str, renames: tuple[tuple[str, str], ...] = ()) -> list[dict]:
     """Records of ``kind`` (prompts | sft | pairs) from JSONL file ``path``; blank lines are skipped.
     Each line goes through ``check_record`` (the peers' field names mapped first: peer_fields.py)."""
     p = Path(path)
@@ -37,7 +37,7 @@ def read_jsonl(path: str | Path, kind: str) -> list[dict]:
         lines = p.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    out = [check_record(parse_line(line, f"{path}:{n}"), f"{path}:{n}", kind)
+    out = [check_record(parse_line(line, f"{path}:{n}"), f"{path}:{n}", kind, renames)
            for n, line in enumerate(lines, start=1) if line.strip()]
     if not out:
         raise UserError(f"dataset {path} has no records")
@@ -51,14 +51,16 @@ def parse_line(line: str, where: str) -> object:
         raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
 
 
-def check_record(rec: object, where: str, kind: str) -> dict:
+def check_record(rec: object, where: str, kind: str, renames: tuple[tuple[str, str], ...] = ()) -> dict:
     """A decoded record of ``kind`` -> meshrl's record: the required and optional keys as strings
     (numbers become strings), a prompt record's other fields kept as they are (for ``reward.fn``'s
-    ``**row``). UserError naming ``where`` (FILE:LINE, FILE:row N) for what is wrong."""
+    ``**row``). ``renames``: (the file's field, meshrl's) pairs taken first. UserError naming ``where``
+    (FILE:LINE, FILE:row N) for what is wrong."""
     required, optional = KINDS[kind]
     if not isinstance(rec, dict):
         raise UserError(f"{where}: expected a JSON object with keys {list(required)}, got {type(rec).__name__}")
-    rec = peer_fields(rec, kind)
+    # data.prompt_key / answer_key first (a copy: the record keeps its own field too)
+    rec = peer_fields({**rec, **{ours: rec[theirs] for theirs, ours in renames if theirs in rec}}, kind)
     missing = [k for k in required if k not in rec]
     if kind == "prompts" and "prompt" not in rec and "messages" not in rec:
         raise UserError(f"{where}: missing key(s) ['prompt']; this dataset needs ['prompt'] (or \"messages\")")

@@ -124,3 +124,21 @@ def test_a_grpo_iteration_on_a_verl_parquet_file_scores_with_gsm8k_and_verl_func
     calls = [json.loads(line) for line in seen.read_text().splitlines()]
     assert {c[0] for c in calls} == {"7", "10"} and all(c[1] == "openai/gsm8k" for c in calls)
     assert {c[2]["index"] for c in calls} == {0, 1}
+
+
+def test_prompt_and_answer_keys_name_other_fields(tmp_path):
+    """data.prompt_key / answer_key (OpenRLHF's --input_key / --label_key): any field names."""
+    from meshrl.algo.scoring import eval_records, train_records
+
+    data = tmp_path / "alpaca.jsonl"
+    data.write_text(json.dumps({"instruction": "2+2=", "output": "4", "id": 9}) + "\n")
+    cfg = load_settings(None, ["algo=grpo", f"data.path={data}", f"eval.path={data}", "data.prompt_key=instruction",
+                               "data.answer_key=output"])
+    want = {"prompt": "2+2=", "answer": "4", "instruction": "2+2=", "output": "4", "id": 9}
+    assert setup.prompt_records(cfg) == train_records(cfg) == eval_records(cfg) == [want]
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text(json.dumps({"instruction": "a", "response": "b"}) + "\n")
+    cfg = load_settings(None, ["algo=sft", f"data.path={sft}", "data.prompt_key=instruction"])
+    assert setup.sft_records(cfg) == [{"prompt": "a", "response": "b"}]
+    with pytest.raises(UserError, match="data.prompt_key is empty"):
+        load_settings(None, ["data.prompt_key="])
