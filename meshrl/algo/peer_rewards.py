@@ -44,11 +44,9 @@ def verl_call(fn: Callable, where: str) -> Callable[..., object]:
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
     def call(prompt: str, response: str, answer: str, **row) -> object:
-        args = {"data_source": row.get("data_source"), "solution_str": response, "ground_truth": answer,
+        args = {**row, "data_source": row.get("data_source"), "solution_str": response, "ground_truth": answer,
                 "extra_info": row.get("extra_info")}
-        args.update({k: v for k, v in row.items() if k not in args and (takes_any or k in params)})
-        args = {k: v for k, v in args.items() if takes_any or k in params}
-        out = fn(**args)
+        out = fn(**(args if takes_any else {k: v for k, v in args.items() if k in params}))
         if isinstance(out, dict):
             if "score" not in out:
                 raise UserError(f"reward function ({where}) returned a dict without \"score\": {sorted(out)}")

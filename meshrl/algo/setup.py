@@ -178,31 +178,31 @@ def pair_records(cfg: Config, heldout: bool = False) -> list[dict[str, str]]:
 def encode_prompt_batch(cfg: Config, tok, records: list[dict]) -> Batch:
     """Prompt records -> the prompt batch, through the actor checkpoint's chat template when
     data.chat_template is on."""
-    template = None
-    if cfg.data.chat_template:
-        template = load_chat_template(cfg.models.actor.path)
-    elif any("prompt" not in r for r in records):
+    template = _template(cfg)
+    if template is None and any("prompt" not in r for r in records):
         raise UserError("a record has \"messages\" but no \"prompt\": set data.chat_template=true to render "
                         "messages through the model's chat template")
     return Batch(encode_prompts(tok, records, cfg.data.prompt_len, cfg.data.gen_len, template))
 
 
 def encode_sft_batch(cfg: Config, tok, records: list[dict]) -> Batch:
-    return Batch(_encode_side(cfg, tok, records, "response"))
+    return Batch(_encode_side(cfg, tok, records, "response", _template(cfg)))
 
 
 def encode_pair_batch(cfg: Config, tok, records: list[dict]) -> Batch:
-    data = {}
+    data, template = {}, _template(cfg)
     for side in ("chosen", "rejected"):
-        data.update({f"{side}_{k}": v for k, v in _encode_side(cfg, tok, records, side).items()})
+        data.update({f"{side}_{k}": v for k, v in _encode_side(cfg, tok, records, side, template).items()})
     return Batch(data)
 
 
-def _encode_side(cfg: Config, tok, records: list[dict], side: str) -> dict:
-    """(prompt, ``side``) sequences, rendered through the actor's chat template when
-    data.chat_template is on (data/chat_records.py)."""
-    if cfg.data.chat_template:
-        prompts, texts = chat_texts(load_chat_template(cfg.models.actor.path), records, side)
-    else:
-        prompts, texts = plain_texts(records, side)
-    return encode_sequences(tok, prompts, texts, cfg.data.prompt_len, cfg.data.gen_len, chat=cfg.data.chat_template)
+def _template(cfg: Config):
+    """The actor's chat template where data.chat_template is on, else None."""
+    return load_chat_template(cfg.models.actor.path) if cfg.data.chat_template else None
+
+
+def _encode_side(cfg: Config, tok, records: list[dict], side: str, template) -> dict:
+    """(prompt, ``side``) sequences, rendered through ``template`` where there is one
+    (data/chat_records.py)."""
+    prompts, texts = plain_texts(records, side) if template is None else chat_texts(template, records, side)
+    return encode_sequences(tok, prompts, texts, cfg.data.prompt_len, cfg.data.gen_len, chat=template is not None)

@@ -38,19 +38,18 @@ def prompt_ids(tok, text: str, special_tokens: bool = True) -> list[int]:
     return tok.encode(text, add_special_tokens=special_tokens)
 
 
-def encode_prompt(tok, text: str, prompt_len: int, where: str) -> list[int]:
-    """The prompt's ids (``prompt_ids``), checked against P."""
-    ids = prompt_ids(tok, text)
-    if len(ids) > prompt_len:
-        raise UserError(f"{where}: prompt is {len(ids)} tokens, more than data.prompt_len={prompt_len}")
-    return ids
+def encode_prompt(tok, text: str, prompt_len: int, where: str, chat: bool = False) -> list[int]:
+    """The prompt's ids (``prompt_ids``; ``chat``: a rendered template's, no special token added),
+    checked against P."""
+    return _checked(_plain(tok, text) if chat else prompt_ids(tok, text), prompt_len, where, "prompt",
+                    "data.prompt_len")
 
 
-def encode_response(tok, text: str, gen_len: int, where: str) -> list[int]:
-    ids = _plain(tok, text) + ([tok.eos_token_id] if tok.eos_token_id is not None else [])
-    if len(ids) > gen_len:
-        raise UserError(f"{where}: response is {len(ids)} tokens, more than data.gen_len={gen_len}")
-    return ids
+def encode_response(tok, text: str, gen_len: int, where: str, chat: bool = False) -> list[int]:
+    """The response's ids + EOS (``chat``: a rendered template's, which ends its own turn), checked
+    against N."""
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None and not chat else []
+    return _checked(_plain(tok, text) + eos, gen_len, where, "response", "data.gen_len")
 
 
 def _checked(ids: list[int], width: int, where: str, what: str, key: str) -> list[int]:
@@ -114,10 +113,8 @@ def encode_sequences(tok, prompts: list[str], responses: list[str], prompt_len: 
     ``chat``: texts rendered through a chat template (data/chat_records.py), which carry their own
     special tokens: none is added, the response's end of turn is its last token instead of EOS."""
     pad = tok.pad_token_id
-    p = [_checked(_plain(tok, t) if chat else prompt_ids(tok, t), prompt_len, f"record {i}", "prompt",
-                  "data.prompt_len") for i, t in enumerate(prompts)]
-    r = [_checked(_plain(tok, t), gen_len, f"record {i}", "response", "data.gen_len") if chat
-         else encode_response(tok, t, gen_len, f"record {i}") for i, t in enumerate(responses)]
+    p = [encode_prompt(tok, t, prompt_len, f"record {i}", chat) for i, t in enumerate(prompts)]
+    r = [encode_response(tok, t, gen_len, f"record {i}", chat) for i, t in enumerate(responses)]
     p_ids, p_mask = left_pad(p, prompt_len, pad)
     r_ids, r_mask = right_pad(r, gen_len, pad)
     return {"input_ids": torch.cat([p_ids, r_ids], 1), "attention_mask": torch.cat([p_mask, r_mask], 1),

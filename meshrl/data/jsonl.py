@@ -21,7 +21,7 @@ from ..errors import UserError
 from .peer_fields import is_messages, peer_fields
 
 KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # kind -> (required, optional) keys
-    "prompts": ((), ()),  # "prompt" (or "messages") and "answer": check_record
+    "prompts": ((), ("prompt", "answer")),  # a prompt record needs "prompt" or "messages": check_record
     "sft": (("prompt", "response"), ()),
     "pairs": (("prompt", "chosen", "rejected"), ()),
 }
@@ -66,7 +66,7 @@ def check_record(rec: object, where: str, kind: str, renames: tuple[tuple[str, s
         raise UserError(f"{where}: missing key(s) ['prompt']; this dataset needs ['prompt'] (or \"messages\")")
     if missing:
         raise UserError(f"{where}: missing key(s) {missing}; this dataset needs {list(required)}")
-    keys = required + optional + (("prompt", "answer") if kind == "prompts" else ())
+    keys = required + optional
     out = {k: v for k, v in rec.items() if k not in keys} if kind == "prompts" else {}
     for k in keys:
         if k in rec:
