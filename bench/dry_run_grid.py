@@ -14,6 +14,7 @@ rank of every cell (|predicted - dry run| / dry run).
                                  [--steps 200] [--moe] [--moe-presets mixtral-8x7b]
                                  [--out docs/dry_run_grid.md]
     python bench/dry_run_grid.py --merge PART.json [PART.json ...] [--repredict] --out docs/dry_run_grid.md
+    python bench/dry_run_grid.py --summary docs/dry_run_grid.md     # the README's table: the page by model
 
 Each run's .json keeps, per cell, its config overrides, the plan and the whole dry-run report (every
 simulated rank's measured peak per call), so that ``--merge --repredict`` prices the stored plans
@@ -106,6 +107,43 @@ HEAD = ("| setting | model | GPUs | gen | plan | simulated ranks | median / wors
         "dry-run GiB of the busiest rank (error) | result |")
 
 
+SUMMARY_HEAD = "| model | GPUs | plans | largest median error of a plan | worst error | fit, checks passed |"
+MODELS = ("7B", "13B", "34B", "70B", "Mixtral-8x7B", "Qwen3-30B-A3B")
+
+
+def summary(rows: list[str]) -> list[str]:
+    """The page's rows by model (the README's table): GPU counts, plans, the largest of the plans'
+    median errors, the worst (call, rank) error of any plan, and how many plans fit and passed every
+    check (collective audit, whole-model and whole-vocabulary checks). Read from the rows themselves,
+    so that rows kept without their part file count too."""
+    by: dict[str, list[list[str]]] = {}
+    for r in rows:
+        cols = [c.strip() for c in r.strip().strip("|").split("|")]
+        by.setdefault(cols[1], []).append(cols)
+    out = [SUMMARY_HEAD, "|---|---|---|---|---|---|"]
+    for model in sorted(by, key=lambda m: (MODELS.index(m) if m in MODELS else len(MODELS), m)):
+        cells = by[model]
+        ran = [c for c in cells if " / " in c[6]]
+        med = [float(c[6].split(" / ")[0].rstrip("%")) for c in ran]
+        worst = [float(c[6].split(" / ")[1].split("%")[0]) for c in ran]
+        good = sum(c[8] == "fits, ok" for c in cells)
+        gpus = "/".join(str(g) for g in sorted({int(c[2]) for c in cells}))
+        out.append(f"| {model} | {gpus} | {len(cells)} | {max(med, default=0):.1f}% | {max(worst, default=0):.1f}% "
+                   f"| {good} of {len(cells)} |")
+    return out
+
+
+def page_rows(page: str) -> list[str]:
+    """The grid's rows of a page ``render`` wrote (docs/dry_run_grid.md): the table under HEAD."""
+    lines = page.splitlines()
+    rows = []
+    for ln in lines[lines.index(HEAD) + 2:]:
+        if not ln.startswith("|"):
+            break
+        rows.append(ln)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scales", default="actor,critic,both")
@@ -121,10 +159,15 @@ def main() -> int:
                     help="the table (Markdown); its rows and errors also go to the same name with .json")
     ap.add_argument("--merge", nargs="+", metavar="PART.json",
                     help="write --out from the .json of earlier runs (parts of the grid run apart), run nothing")
+    ap.add_argument("--summary", metavar="PAGE",
+                    help="print the by-model table of a page this script wrote (the README's), run nothing")
     ap.add_argument("--repredict", action="store_true",
                     help="with --merge: price each stored plan again with the estimator as it is now, against its "
                     "stored dry-run peaks (seconds, no dry run)")
     args = ap.parse_args()
+    if args.summary:
+        print("\n".join(summary(page_rows(Path(args.summary).read_text()))))
+        return 0
     if args.merge:
         parts = [json.loads(Path(f).read_text()) for f in args.merge]
         if args.repredict:
@@ -201,14 +244,16 @@ def write(out: str, part: dict) -> None:
 def render(parts: list[dict]) -> str:
     """The Markdown page of one or more runs: every row, the error summary over all of them, the commands."""
     errs = [e for p in parts for e in p["errors"]]
-    summary = (f"Over {len(errs)} (call, simulated rank) pairs: median |error| {statistics.median(errs):.1%}, "
+    summary_line = (f"Over {len(errs)} (call, simulated rank) pairs: median |error| {statistics.median(errs):.1%}, "
                f"worst {max(errs):.1%}." if errs else "No cell ran.")
     runs = "\n".join(f"- `{p['command']}` ({len(p['rows'])} rows, {p['seconds']:.0f} s of wall time on a shared "
                       f"machine{'' if p['done'] else '; stopped before its end'}"
                       f"{'; ' + p['note'] if p.get('note') else ''})" for p in parts)
     return ("# Predicted against dry-run peak memory (ReaL's grid, MoE presets)\n\n"
             + "\n".join([HEAD, "|---|---|---|---|---|---|---|---|---|", *[r for p in parts for r in p["rows"]]])
-            + f"\n\n{summary}\n\nEach cell: one iteration of the plan at full size on fake tensors and fake "
+            + f"\n\n{summary_line}\n\nBy model (the README's table):\n\n"
+            + "\n".join(summary([r for p in parts for r in p["rows"]]))
+            + "\n\nEach cell: one iteration of the plan at full size on fake tensors and fake "
             "process groups (worst case: every response to data.gen_len, no padding removed; decoding's first and "
             "last two steps and each train call's first two optimizer steps; MoE: each token's top-k experts on "
             "the rank), bf16, H100 preset (80 GB). Produced by\n\n" + runs + "\n")
