@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from . import worst_case
+
 _M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9  # odd constant that separates the step and column streams
 
@@ -47,18 +49,71 @@ def row_keys(seeds: list[int], device: torch.device | str = "cpu") -> torch.Tens
     return mix32(mix32(lo) ^ hi)
 
 
-def uniforms(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
-    """keys [B] int64, step (0-dim int64 tensor or int) -> U [B, vocab] float32 in (0, 1)."""
+def _words(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-row words [B] (row key and step hashed) and per-column words [V] (token index hashed),
+    int64 holding 32-bit values; their xor, hashed once more, is the [B, V] words."""
     step = torch.as_tensor(step, dtype=torch.int64, device=keys.device)
     rowstep = mix32(keys ^ mix32((step * _GOLDEN + 1) & _M32))  # [B]
     cols = mix32(torch.arange(vocab, dtype=torch.int64, device=keys.device) ^ _GOLDEN)  # [V]
+    return rowstep, cols
+
+
+def uniforms(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
+    """keys [B] int64, step (0-dim int64 tensor or int) -> U [B, vocab] float32 in (0, 1)."""
+    rowstep, cols = _words(keys, step, vocab)
     h = mix32(rowstep[:, None] ^ cols[None, :])
     return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
+# The [B, V] round on a CPU: int32 words (two's complement), in blocks of rows of about this many
+# elements, which stay in a core's cache through the round's ~20 element-wise passes. The int64
+# round over the whole batch reads and writes twice the bytes, from memory: at 32 rows of a
+# 151,936-token vocabulary (Qwen's) it costs more than a decode step's matmuls
+# (bench/sampling_noise.py).
+NOISE_BLOCK = 1 << 18
+# Below this many elements the int64 round in one pass is the quicker (fewer kernels; it fits a cache).
+NOISE_SMALL = 1 << 16
+
+
+def _signed32(x: torch.Tensor) -> torch.Tensor:
+    """32-bit values held in int64 -> the same bits as int32."""
+    return (x - ((x >> 31) << 32)).to(torch.int32)
+
+
+def _shr32(x: torch.Tensor, s: int) -> torch.Tensor:
+    """The logical right shift of int32 words by s (torch's >> on int32 is arithmetic; the
+    sign-filled top bits are cleared)."""
+    return (x >> s) & ((1 << (32 - s)) - 1)
+
+
+def _mix32_words(x: torch.Tensor) -> torch.Tensor:
+    """``mix32`` on int32 words, in place: the same bits. A product of int32 words wraps to its low
+    32 bits, which are what mix32's ``& _M32`` keeps; the shifts are logical (``_shr32``)."""
+    x ^= _shr32(x, 16)
+    x *= 0x21F0AAAD
+    x ^= _shr32(x, 15)
+    x *= 0x735A2D97
+    x ^= _shr32(x, 15)
+    return x
+
+
 def gumbel(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
-    """Standard Gumbel noise [B, vocab] float32 for (row key, step, column)."""
-    return -torch.log(-torch.log(uniforms(keys, step, vocab)))
+    """Standard Gumbel noise [B, vocab] float32 for (row key, step, column): -log(-log(U)).
+    Eager on a CPU the [B, V] round runs on int32 words, NOISE_BLOCK elements at a time; elsewhere,
+    under torch.compile (which fuses the round) and for at most NOISE_SMALL elements, on int64 as
+    ``uniforms`` does. The same bits
+    either way (tests/model/test_sampling.py)."""
+    if (worst_case.device_type(keys) != "cpu" or torch.compiler.is_compiling()
+            or keys.shape[0] * vocab <= NOISE_SMALL):
+        return -torch.log(-torch.log(uniforms(keys, step, vocab)))
+    rowstep, cols = (_signed32(w) for w in _words(keys, step, vocab))
+    out = torch.empty(keys.shape[0], vocab, dtype=torch.float32, device=keys.device)
+    rows = max(1, NOISE_BLOCK // max(vocab, 1))
+    for i in range(0, keys.shape[0], rows):
+        h = _mix32_words(rowstep[i:i + rows, None] ^ cols[None, :])
+        u = _shr32(h, 9).float().add_(0.5).mul_(1.0 / (1 << 23))  # as uniforms: the top 23 bits, centred
+        torch.log(u, out=out[i:i + rows]).neg_().log_().neg_()
+    return out
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

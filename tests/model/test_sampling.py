@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from meshrl.model.sampling import filter_logits, mix32, row_keys, sample_tokens, uniforms
+from meshrl.model import sampling
+from meshrl.model.sampling import filter_logits, gumbel, mix32, row_keys, sample_tokens, uniforms
 
 N = 40_000  # draws per distribution: a 1% deviation in a 10% cell is ~3 sigma
 
@@ -41,6 +42,38 @@ def test_hash_equals_plain_python():
     got = mix32(torch.tensor(xs, dtype=torch.int64)).tolist()
     assert got == [_prospector32(x) for x in xs]
     assert len(set(mix32(torch.arange(1 << 16)).tolist())) == 1 << 16  # a bijection: no collisions
+
+
+def _int64_round(keys: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+    return -torch.log(-torch.log(uniforms(keys, step, vocab)))
+
+
+def test_the_int32_words_hash_as_mix32_does():
+    xs = [0, 1, 2, 0xDEADBEEF, 0xFFFFFFFF, 12345678, 2**31, 2**31 - 1, 0x80000001]
+    words = sampling._mix32_words(sampling._signed32(torch.tensor(xs, dtype=torch.int64)))
+    assert words.dtype == torch.int32
+    assert [w & 0xFFFFFFFF for w in words.tolist()] == [_prospector32(x) for x in xs]
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, 70_000), (5, 49_152), (33, 20_000), (2, 151_936)])
+def test_the_cpu_noise_round_has_the_int64_rounds_bits(rows, vocab):
+    """gumbel's int32 round on a CPU (NOISE_BLOCK elements at a time) against the int64 round over
+    the whole batch, the one a GPU and torch.compile run: equal bits, so a row samples the same
+    tokens on every device and under compile."""
+    seeds = [0, 2**64 - 1, 2**63, 2**32 - 1, 12345, *range(7, 7 + rows)][:rows]
+    keys = row_keys(seeds)
+    assert rows * vocab > sampling.NOISE_SMALL  # the int32 round runs
+    for step in (0, 1, 999, 2**20):
+        assert torch.equal(gumbel(keys, step, vocab), _int64_round(keys, step, vocab))
+
+
+def test_the_cpu_noise_round_over_many_blocks(monkeypatch):
+    """Blocks of one row, of two rows with a remainder, and a vocabulary larger than a block."""
+    monkeypatch.setattr(sampling, "NOISE_SMALL", 0)
+    keys = row_keys(list(range(5)))
+    for block in (700, 1500, 100):
+        monkeypatch.setattr(sampling, "NOISE_BLOCK", block)
+        assert torch.equal(gumbel(keys, 3, 700), _int64_round(keys, 3, 700))
 
 
 def test_uniforms_are_uniform_and_inside_the_unit_interval():
