@@ -133,6 +133,34 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+# first_argmax's blocks: a row's maximum is found as the maximum of its blocks' maxima (amax, which
+# a CPU vectorises), then its first index inside the first block that holds it. torch.argmax on a
+# CPU reduces index and value together, element by element: several times amax's time over a
+# vocabulary (bench/sampling_noise.py).
+ARGMAX_BLOCK = 256
+ARGMAX_SMALL = 1 << 13  # up to this vocabulary torch.argmax is the quicker (fewer kernels)
+
+
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x [B, V] float -> the index of each row's first maximum [B] long: torch.argmax's answer
+    (ties to the first index; a row holding NaN goes to torch.argmax, which takes NaN as the
+    maximum). Eager on a CPU over V > ARGMAX_SMALL it runs by blocks; elsewhere it is torch.argmax."""
+    b, v = x.shape
+    if (worst_case.device_type(x) != "cpu" or torch.compiler.is_compiling() or worst_case.active()
+            or v <= ARGMAX_SMALL):
+        return x.argmax(-1)
+    whole = v // ARGMAX_BLOCK * ARGMAX_BLOCK
+    block_max = x[:, :whole].view(b, -1, ARGMAX_BLOCK).amax(-1)
+    if whole < v:
+        block_max = torch.cat([block_max, x[:, whole:].amax(-1, keepdim=True)], 1)
+    m = block_max.amax(-1, keepdim=True)
+    if bool(m.isnan().any()):
+        return x.argmax(-1)
+    start = (block_max == m).to(torch.uint8).argmax(-1) * ARGMAX_BLOCK  # the first block holding it
+    cols = (start[:, None] + torch.arange(ARGMAX_BLOCK, device=x.device)).clamp_(max=v - 1)
+    return start + (x.gather(1, cols) == m).to(torch.uint8).argmax(-1)
+
+
 def sample_tokens(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.Tensor | int,
                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """logits [B, V] float32 -> tokens [B] long. ``keys`` None means greedy (argmax).
@@ -140,6 +168,6 @@ def sample_tokens(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.T
     Draws from softmax(filter(logits / temperature)) by Gumbel-max with the counter noise of
     (keys[i], step, v): row i's token is a function of its own logits, key and step only."""
     if keys is None:
-        return logits.argmax(-1)
+        return first_argmax(logits)
     scores = filter_logits(logits / temperature, top_k, top_p)
-    return (scores + gumbel(keys, step, logits.shape[-1])).argmax(-1)
+    return first_argmax(scores + gumbel(keys, step, logits.shape[-1]))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from meshrl.model import sampling
-from meshrl.model.sampling import filter_logits, gumbel, mix32, row_keys, sample_tokens, uniforms
+from meshrl.model.sampling import filter_logits, first_argmax, gumbel, mix32, row_keys, sample_tokens, uniforms
 
 N = 40_000  # draws per distribution: a 1% deviation in a 10% cell is ~3 sigma
 
@@ -74,6 +74,27 @@ def test_the_cpu_noise_round_over_many_blocks(monkeypatch):
     for block in (700, 1500, 100):
         monkeypatch.setattr(sampling, "NOISE_BLOCK", block)
         assert torch.equal(gumbel(keys, 3, 700), _int64_round(keys, 3, 700))
+
+
+@pytest.mark.parametrize("vocab", [257, 512, 49_152, 32_001])
+def test_first_argmax_is_torch_argmax(vocab, monkeypatch):
+    """Random rows, ties inside a block, across blocks and in a partial last block, infinities, a
+    row of -inf only and a row holding NaN: the same index as torch.argmax (the first maximum)."""
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(9, vocab, generator=g)
+    top = float(x.max()) + 1
+    x[0, [3, 4]] = top  # a tie inside a block
+    x[1, [5, vocab - 1]] = top  # across blocks, the second in the last (maybe partial) block
+    x[2, [vocab - 2, vocab - 1]] = top  # both in the last block
+    x[3, 7] = float("inf")
+    x[4] = float("-inf")
+    x[5, vocab // 2] = float("nan")
+    x[6, : vocab // 3] = float("-inf")
+    x[7] = 0.0  # every element a maximum
+    monkeypatch.setattr(sampling, "ARGMAX_SMALL", 256)  # the blocks at every vocabulary here
+    assert torch.equal(first_argmax(x), x.argmax(-1))
+    for bf in (x.bfloat16(), x[:, : vocab - 1]):
+        assert torch.equal(first_argmax(bf), bf.argmax(-1))
 
 
 def test_uniforms_are_uniform_and_inside_the_unit_interval():
