@@ -169,5 +169,6 @@ def sample_tokens(logits: torch.Tensor, keys: torch.Tensor | None, step: torch.T
     (keys[i], step, v): row i's token is a function of its own logits, key and step only."""
     if keys is None:
         return first_argmax(logits)
-    scores = filter_logits(logits / temperature, top_k, top_p)
+    # x / 1.0 is x: no pass over [B, V] for the default temperature
+    scores = filter_logits(logits if temperature == 1.0 else logits / temperature, top_k, top_p)
     return first_argmax(scores + gumbel(keys, step, logits.shape[-1]))
