@@ -66,6 +66,11 @@ def test_license_and_readme_links_are_in_the_repository():
     assert "../shared" not in (ROOT / "README.md").read_text()
 
 
+def test_readme_is_at_most_250_lines():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail to docs/"
+
+
 def test_plan_says_where_it_wrote_its_files(tmp_path, capsys):
     trace, png = tmp_path / "t.json", tmp_path / "g.png"
     assert main(["plan", "cluster.device=h100-80g", "cluster.devices_per_node=2", "--steps", "50",
