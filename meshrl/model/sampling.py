@@ -101,8 +101,7 @@ def gumbel(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Te
     """Standard Gumbel noise [B, vocab] float32 for (row key, step, column): -log(-log(U)).
     Eager on a CPU the [B, V] round runs on int32 words, NOISE_BLOCK elements at a time; elsewhere,
     under torch.compile (which fuses the round) and for at most NOISE_SMALL elements, on int64 as
-    ``uniforms`` does. The same bits
-    either way (tests/model/test_sampling.py)."""
+    ``uniforms`` does. The same bits either way (tests/model/test_sampling.py)."""
     if (worst_case.device_type(keys) != "cpu" or torch.compiler.is_compiling()
             or keys.shape[0] * vocab <= NOISE_SMALL):
         return -torch.log(-torch.log(uniforms(keys, step, vocab)))
@@ -143,8 +142,9 @@ ARGMAX_SMALL = 1 << 13  # up to this vocabulary torch.argmax is the quicker (few
 
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """x [B, V] float -> the index of each row's first maximum [B] long: torch.argmax's answer
-    (ties to the first index; a row holding NaN goes to torch.argmax, which takes NaN as the
-    maximum). Eager on a CPU over V > ARGMAX_SMALL it runs by blocks; elsewhere it is torch.argmax."""
+    (ties to the first index; a batch holding NaN goes to torch.argmax, which takes NaN as the
+    maximum). Eager on a CPU over V > ARGMAX_SMALL it runs by blocks; elsewhere (and in a dry run,
+    which cannot read its fake tensors' values) it is torch.argmax."""
     b, v = x.shape
     if (worst_case.device_type(x) != "cpu" or torch.compiler.is_compiling() or worst_case.active()
             or v <= ARGMAX_SMALL):
