@@ -20,6 +20,7 @@ from ..model.checkpoint import build_model, load_pretrained
 from ..model.tokenizer import ByteTokenizer, load_tokenizer
 from .batch import Batch
 from .common import Role, make_optimizer
+from .scoring import train_records
 from ..data.chat import load_chat_template
 
 DEMO_SFT_RECORDS = 2000  # noisy demonstrations for the warm-up / algo=sft
@@ -145,13 +146,14 @@ def build_roles(cfg: Config, actor: torch.nn.Module) -> dict[str, Role]:
 
 
 def prompt_records(cfg: Config) -> list[dict[str, str]]:
-    if cfg.data.path and cfg.algo not in ("sft", "rm", "dpo"):
-        recs = read_dataset(cfg.data.path, "prompts", cfg.data.renames())
-        if cfg.models.reward.path is None and not cfg.reward.fn and any("answer" not in r for r in recs):
-            raise UserError(f"{cfg.data.path}: the rule reward {cfg.reward.rule!r} needs an \"answer\" on "
-                            "every line (or set models.reward.path to use a reward model)")
-        return recs
-    return demo.prompts()
+    """The run's prompt records (scoring.train_records: the file is read once a process, and the
+    rewards read the same records), checked for what the rule reward needs."""
+    recs = train_records(cfg)
+    rule = cfg.models.reward.path is None and not cfg.reward.fn
+    if cfg.data.path and cfg.algo not in ("sft", "rm", "dpo") and rule and any("answer" not in r for r in recs):
+        raise UserError(f"{cfg.data.path}: the rule reward {cfg.reward.rule!r} needs an \"answer\" on "
+                        "every line (or set models.reward.path to use a reward model)")
+    return recs
 
 
 def sft_records(cfg: Config, warmup: bool = False) -> list[dict[str, str]]:
