@@ -1,7 +1,7 @@
 """The pick of one decode step on a CPU, side by side in one run, for B rows of a V-token vocabulary:
 
 - the Gumbel noise as ``sampling.gumbel`` computes it (the [B, V] hash round on int32 words, in
-  cache-sized blocks of rows) against the int64 round over the whole batch (``uniforms``, what a
+  cache-sized blocks of rows) against the int64 round over the whole batch (``gumbel_int64``, what a
   GPU and torch.compile run);
 - the token, ``sampling.first_argmax`` (block maxima, then the first index in the first block that
   holds the row's maximum) against ``torch.argmax``.
@@ -23,13 +23,9 @@ import time
 
 import torch
 
-from meshrl.model.sampling import first_argmax, gumbel, row_keys, uniforms
+from meshrl.model.sampling import first_argmax, gumbel, gumbel_int64, row_keys
 
 SHAPES = [(8, 512), (32, 512), (8, 32000), (32, 49152), (64, 49152), (32, 128256), (32, 151936)]
-
-
-def int64_round(keys: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
-    return -torch.log(-torch.log(uniforms(keys, step, vocab)))
 
 
 def timed(pairs: tuple, args: tuple, repeats: int) -> tuple[float, float]:
@@ -54,12 +50,12 @@ def main() -> None:
           f"{'first_argmax':>12} {'ratio':>6}   (ms)")
     for b, v in SHAPES:
         keys, step = row_keys(list(range(b))), torch.tensor(7)
-        if not torch.equal(int64_round(keys, step, v), gumbel(keys, step, v)):
+        if not torch.equal(gumbel_int64(keys, step, v), gumbel(keys, step, v)):
             raise SystemExit(f"the two noise rounds differ at rows={b} vocab={v}")
         scores = torch.randn(b, v) + gumbel(keys, step, v)
         if not torch.equal(scores.argmax(-1), first_argmax(scores)):
             raise SystemExit(f"the two argmaxes differ at rows={b} vocab={v}")
-        n_old, n_new = timed((int64_round, gumbel), (keys, step, v), args.repeats)
+        n_old, n_new = timed((gumbel_int64, gumbel), (keys, step, v), args.repeats)
         a_old, a_new = timed((lambda x: x.argmax(-1), first_argmax), (scores,), args.repeats)
         print(f"{b:>5} {v:>7} {n_old:>12.2f} {n_new:>7.2f} {n_old / n_new:>5.2f}x   {a_old:>12.2f} "
               f"{a_new:>12.2f} {a_old / a_new:>5.2f}x")

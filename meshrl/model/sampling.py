@@ -97,17 +97,27 @@ def _mix32_words(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _eager_cpu(t: torch.Tensor) -> bool:
+    """Whether ``t``'s kernels run one by one on a CPU (not a GPU, not inside torch.compile), where
+    the blocked paths below pay."""
+    return worst_case.device_type(t) == "cpu" and not torch.compiler.is_compiling()
+
+
+def gumbel_int64(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
+    """``gumbel`` by the int64 round over the whole batch (``uniforms``)."""
+    return -torch.log(-torch.log(uniforms(keys, step, vocab)))
+
+
 def gumbel(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
     """Standard Gumbel noise [B, vocab] float32 for (row key, step, column): -log(-log(U)).
     Eager on a CPU the [B, V] round runs on int32 words, NOISE_BLOCK elements at a time; elsewhere,
-    under torch.compile (which fuses the round) and for at most NOISE_SMALL elements, on int64 as
-    ``uniforms`` does. The same bits either way (tests/model/test_sampling.py)."""
-    if (worst_case.device_type(keys) != "cpu" or torch.compiler.is_compiling()
-            or keys.shape[0] * vocab <= NOISE_SMALL):
-        return -torch.log(-torch.log(uniforms(keys, step, vocab)))
+    under torch.compile (which fuses the round) and for at most NOISE_SMALL elements, it is
+    ``gumbel_int64``. The same bits either way (tests/model/test_sampling.py)."""
+    if not _eager_cpu(keys) or keys.shape[0] * vocab <= NOISE_SMALL:
+        return gumbel_int64(keys, step, vocab)
     rowstep, cols = (_signed32(w) for w in _words(keys, step, vocab))
     out = torch.empty(keys.shape[0], vocab, dtype=torch.float32, device=keys.device)
-    rows = max(1, NOISE_BLOCK // max(vocab, 1))
+    rows = max(1, NOISE_BLOCK // vocab)
     for i in range(0, keys.shape[0], rows):
         h = _mix32_words(rowstep[i:i + rows, None] ^ cols[None, :])
         u = _shr32(h, 9).float().add_(0.5).mul_(1.0 / (1 << 23))  # as uniforms: the top 23 bits, centred
@@ -146,8 +156,7 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     maximum). Eager on a CPU over V > ARGMAX_SMALL it runs by blocks; elsewhere (and in a dry run,
     which cannot read its fake tensors' values) it is torch.argmax."""
     b, v = x.shape
-    if (worst_case.device_type(x) != "cpu" or torch.compiler.is_compiling() or worst_case.active()
-            or v <= ARGMAX_SMALL):
+    if not _eager_cpu(x) or worst_case.active() or v <= ARGMAX_SMALL:
         return x.argmax(-1)
     whole = v // ARGMAX_BLOCK * ARGMAX_BLOCK
     block_max = x[:, :whole].view(b, -1, ARGMAX_BLOCK).amax(-1)
